@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs every build and test dependency of promptcache from Debian packages.
+# Safe to run repeatedly; skips apt when everything is already present.
+set -euo pipefail
+pkgs=(build-essential cmake pkg-config ccache libtorch-dev libopenblas0-pthread libpugixml-dev
+      libfmt-dev catch2 libsentencepiece-dev nlohmann-json3-dev libcli11-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  echo "install-deps: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
