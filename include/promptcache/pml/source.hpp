@@ -1,0 +1,193 @@
+// promptcache/pml/source.hpp — what the schema and prompt parsers share: loading XML with
+// pugixml so that every node can be named by file, line and column; the XML-name rule; the
+// whitespace-compaction rule; and the one text-to-tokens rule every PML span follows.
+//
+// Header-only, no LibTorch. Everything here lives in promptcache::pml and is usable on its own
+// (tests and the CLI call compact_whitespace / encode_span directly).
+#pragma once
+
+#include <pugixml.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "promptcache/error.hpp"
+#include "promptcache/model/tokenizer.hpp"
+
+namespace promptcache::pml {
+
+// True for the ASCII whitespace XML knows about (space, tab, CR, LF).
+inline bool is_xml_space(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+// True when text is empty or whitespace only.
+inline bool is_blank(std::string_view text) {
+  return std::all_of(text.begin(), text.end(), is_xml_space);
+}
+
+// The reference's rule: a leading run of whitespace becomes one space, a trailing run becomes
+// one space, the inside is untouched. "\n  Hello  world \n" -> " Hello  world ".
+// A whitespace-only text becomes " "; an empty text stays empty.
+inline std::string compact_whitespace(std::string_view text) {
+  std::size_t b = 0, e = text.size();
+  while (b < e && is_xml_space(text[b])) ++b;
+  if (b == e) return text.empty() ? std::string() : std::string(" ");
+  while (e > b && is_xml_space(text[e - 1])) --e;
+  std::string out;
+  out.reserve(e - b + 2);
+  if (b > 0) out += ' ';
+  out.append(text.substr(b, e - b));
+  if (e < text.size()) out += ' ';
+  return out;
+}
+
+// Removes leading and trailing whitespace.
+inline std::string_view trim(std::string_view text) {
+  std::size_t b = 0, e = text.size();
+  while (b < e && is_xml_space(text[b])) ++b;
+  while (e > b && is_xml_space(text[e - 1])) --e;
+  return text.substr(b, e - b);
+}
+
+// THE span tokenization rule (docs/pml.md, "Tokens at span boundaries"). A span's text is
+// trimmed of its edge whitespace and encoded on its own, without BOS. A SentencePiece tokenizer
+// with add_dummy_prefix therefore starts every span with "▁", i.e. each span boundary stands for
+// exactly one space whatever the author wrote there, and a span's tokens never depend on its
+// neighbours. Blank text yields no tokens. The no-cache baseline concatenates these same token
+// lists, so cached and uncached runs see identical ids.
+inline std::vector<TokenId> encode_span(const Tokenizer& tokenizer, std::string_view text) {
+  const std::string_view body = trim(text);
+  if (body.empty()) return {};
+  return tokenizer.encode(body, /*add_bos=*/false);
+}
+
+// XML 1.0 Name production, restricted to what authors use: a letter, '_' or ':' first, then
+// letters, digits, '.', '-', '_', ':'. Bytes >= 0x80 (UTF-8 encoded letters) are accepted.
+inline bool is_xml_name(std::string_view name) {
+  if (name.empty()) return false;
+  auto letter = [](unsigned char c) {
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_' || c == ':' || c >= 0x80;
+  };
+  if (!letter(static_cast<unsigned char>(name[0]))) return false;
+  for (char ch : name.substr(1)) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (!(letter(c) || (c >= '0' && c <= '9') || c == '.' || c == '-')) return false;
+  }
+  return true;
+}
+
+// Reads a whole file; Error(kIo) naming the file (and `where`, if given) when it cannot.
+inline std::string read_text_file(const std::string& path, SourceLocation where = {}) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    if (where.file.empty()) where.file = path;
+    throw Error(ErrorKind::kIo, "cannot read file '" + path + "'", std::move(where));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Joins a directory and a relative path ("" or absolute paths pass through).
+inline std::string join_path(const std::string& dir, const std::string& path) {
+  if (dir.empty() || (!path.empty() && path[0] == '/')) return path;
+  return dir.back() == '/' ? dir + path : dir + "/" + path;
+}
+
+// The directory part of a path ("" when it has none).
+inline std::string parent_dir(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  return slash == std::string::npos ? std::string() : path.substr(0, slash);
+}
+
+// A parsed XML document together with its source text, so that node offsets become line:column.
+class XmlSource {
+ public:
+  // Parses text (pugixml parse_default | parse_ws_pcdata: whitespace-only text nodes are kept,
+  // comments and declarations are skipped). Error(kXmlSyntax) with line:column on malformed XML.
+  XmlSource(std::string text, std::string origin)
+      : text_(std::move(text)), origin_(std::move(origin)) {
+    std::size_t pos = 0;
+    line_starts_.push_back(0);
+    while ((pos = text_.find('\n', pos)) != std::string::npos) line_starts_.push_back(++pos);
+    const pugi::xml_parse_result result =
+        doc_.load_buffer(text_.data(), text_.size(), pugi::parse_default | pugi::parse_ws_pcdata,
+                         pugi::encoding_utf8);
+    if (!result) {
+      throw Error(ErrorKind::kXmlSyntax, std::string("malformed XML: ") + result.description(),
+                  at_offset(result.offset, ""));
+    }
+  }
+  XmlSource(const XmlSource&) = delete;
+  XmlSource& operator=(const XmlSource&) = delete;
+
+  const pugi::xml_document& document() const { return doc_; }
+  const std::string& origin() const { return origin_; }
+
+  // The location of a byte offset (1-based line and column; column counts bytes).
+  SourceLocation at_offset(std::ptrdiff_t offset, std::string element) const {
+    SourceLocation where{origin_, 0, 0, std::move(element)};
+    if (offset < 0) return where;
+    const auto off = static_cast<std::size_t>(offset);
+    const auto it = std::upper_bound(line_starts_.begin(), line_starts_.end(), off);
+    const auto line = static_cast<std::size_t>(it - line_starts_.begin());
+    where.line = line;
+    where.column = off - line_starts_[line - 1] + 1;
+    return where;
+  }
+
+  // The location of a node; element nodes are described as `<tag name="...">`. pugixml's
+  // offset_debug() points at the tag name, so the column is moved back onto the '<'.
+  SourceLocation at(const pugi::xml_node& node) const {
+    std::ptrdiff_t offset = node.offset_debug();
+    if (node.type() == pugi::node_element && offset > 0) --offset;
+    return at_offset(offset, describe(node));
+  }
+
+  // `<module name="intro">`, `<union>`, or "text" for text nodes.
+  static std::string describe(const pugi::xml_node& node) {
+    if (node.type() != pugi::node_element) return "text";
+    std::string out = std::string("<") + node.name();
+    if (auto name = node.attribute("name")) out += std::string(" name=\"") + name.value() + "\"";
+    return out + ">";
+  }
+
+ private:
+  std::string text_;
+  std::string origin_;
+  std::vector<std::size_t> line_starts_;
+  pugi::xml_document doc_;
+};
+
+// The single element at the top of a document (the caller checks its name). Stray top-level
+// text is an error of kind `structural` (kSchema for schemas, kPrompt for prompts).
+inline pugi::xml_node document_element(const XmlSource& src, const char* tag,
+                                       ErrorKind structural) {
+  pugi::xml_node top;
+  for (pugi::xml_node child : src.document().children()) {
+    if (child.type() == pugi::node_pcdata || child.type() == pugi::node_cdata) {
+      if (is_blank(child.value())) continue;
+      throw Error(structural, "text outside the <" + std::string(tag) + "> element", src.at(child));
+    }
+    if (child.type() != pugi::node_element) continue;
+    if (top) {
+      throw Error(ErrorKind::kXmlSyntax,
+                  "more than one top-level element (expected a single <" + std::string(tag) + ">)",
+                  src.at(child));
+    }
+    top = child;
+  }
+  if (!top) {
+    throw Error(ErrorKind::kXmlSyntax, "no <" + std::string(tag) + "> element",
+                src.at_offset(0, "<" + std::string(tag) + ">"));
+  }
+  return top;
+}
+
+}  // namespace promptcache::pml
