@@ -13,12 +13,12 @@
 namespace promptcache {
 
 enum class ErrorKind {
-  kIo,              // a file is missing or unreadable
-  kXmlSyntax,       // malformed XML
-  kSchema,          // structurally invalid schema (duplicate names, misplaced elements, ...)
-  kUnknownSchema,   // prompt names a schema that is not loaded
-  kUnknownModule,   // prompt names a module the schema does not have
-  kUnionConflict,   // two members of one union selected
+  kIo,             // a file is missing or unreadable
+  kXmlSyntax,      // malformed XML
+  kSchema,         // structurally invalid schema (duplicate names, misplaced elements, ...)
+  kUnknownSchema,  // prompt names a schema that is not loaded
+  kUnknownModule,  // prompt names a module the schema does not have
+  kUnionConflict,  // two members of one union selected
   kUnknownParameter,
   kArgumentTooLong,  // argument has more tokens than its parameter reserves
   kPrompt,           // structurally invalid prompt (text where only module refs are allowed, ...)
@@ -32,28 +32,43 @@ enum class ErrorKind {
 
 inline const char* to_string(ErrorKind kind) {
   switch (kind) {
-    case ErrorKind::kIo: return "io";
-    case ErrorKind::kXmlSyntax: return "xml syntax";
-    case ErrorKind::kSchema: return "schema";
-    case ErrorKind::kUnknownSchema: return "unknown schema";
-    case ErrorKind::kUnknownModule: return "unknown module";
-    case ErrorKind::kUnionConflict: return "union conflict";
-    case ErrorKind::kUnknownParameter: return "unknown parameter";
-    case ErrorKind::kArgumentTooLong: return "argument too long";
-    case ErrorKind::kPrompt: return "prompt";
-    case ErrorKind::kModel: return "model";
-    case ErrorKind::kSafetensors: return "safetensors";
-    case ErrorKind::kTokenizer: return "tokenizer";
-    case ErrorKind::kCacheFile: return "cache file";
-    case ErrorKind::kInvalidArgument: return "invalid argument";
-    case ErrorKind::kContextOverflow: return "context overflow";
+    case ErrorKind::kIo:
+      return "io";
+    case ErrorKind::kXmlSyntax:
+      return "xml syntax";
+    case ErrorKind::kSchema:
+      return "schema";
+    case ErrorKind::kUnknownSchema:
+      return "unknown schema";
+    case ErrorKind::kUnknownModule:
+      return "unknown module";
+    case ErrorKind::kUnionConflict:
+      return "union conflict";
+    case ErrorKind::kUnknownParameter:
+      return "unknown parameter";
+    case ErrorKind::kArgumentTooLong:
+      return "argument too long";
+    case ErrorKind::kPrompt:
+      return "prompt";
+    case ErrorKind::kModel:
+      return "model";
+    case ErrorKind::kSafetensors:
+      return "safetensors";
+    case ErrorKind::kTokenizer:
+      return "tokenizer";
+    case ErrorKind::kCacheFile:
+      return "cache file";
+    case ErrorKind::kInvalidArgument:
+      return "invalid argument";
+    case ErrorKind::kContextOverflow:
+      return "context overflow";
   }
   return "error";
 }
 
 // Where in the user's input an error is. Empty fields are left out of the message.
 struct SourceLocation {
-  std::string file;     // path as the user gave it, or "<string>" for in-memory input
+  std::string file;        // path as the user gave it, or "<string>" for in-memory input
   std::size_t line = 0;    // 1-based; 0 = unknown
   std::size_t column = 0;  // 1-based; 0 = unknown
   std::string element;     // e.g. "<module name=\"intro\">" or a tensor name

@@ -1,0 +1,76 @@
+// promptcache/model/kv_cache.hpp — an explicit, preallocated, position-aware KV cache.
+//
+// Per layer, K and V live in one buffer each of shape [batch, kv_heads, capacity, head_dim].
+// Slots [0, length) are filled; appending writes in place (no re-concatenation while decoding).
+// Keys are stored with RoPE already applied at the token's own position id, so a slot's contents
+// do not depend on where in the buffer it sits — which is what lets the Prompt Cache assembler
+// copy module states into any slot order. The cache also remembers every slot's position id.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace promptcache {
+
+struct KVCacheShape {
+  int64_t layers = 0;
+  int64_t batch = 1;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t capacity = 0;
+};
+
+class KVCache {
+ public:
+  KVCache() = default;
+  KVCache(const KVCacheShape& shape, torch::TensorOptions options);
+
+  const KVCacheShape& shape() const { return shape_; }
+  int64_t length() const { return length_; }
+  int64_t capacity() const { return shape_.capacity; }
+  int64_t layers() const { return shape_.layers; }
+  torch::TensorOptions options() const { return options_; }
+  bool empty() const { return length_ == 0; }
+
+  // Views of the filled slots [0, length) of one layer: [batch, kv_heads, length, head_dim].
+  torch::Tensor keys(int64_t layer) const;
+  torch::Tensor values(int64_t layer) const;
+  // Views of slots [begin, begin + count) of one layer, for writing (assembler) or reading.
+  torch::Tensor key_slots(int64_t layer, int64_t begin, int64_t count) const;
+  torch::Tensor value_slots(int64_t layer, int64_t begin, int64_t count) const;
+
+  // Writes k, v ([batch, kv_heads, n, head_dim]) into slots [length, length + n) of one layer.
+  // The length advances only on commit(), after every layer has written its part.
+  void write_pending(int64_t layer, const torch::Tensor& k, const torch::Tensor& v);
+  // Makes the n pending slots part of the cache and records their position ids.
+  void commit(const std::vector<int64_t>& positions);
+
+  // Position ids of slots [0, length); max_position() is -1 for an empty cache.
+  const std::vector<int64_t>& positions() const { return positions_; }
+  int64_t max_position() const { return max_position_; }
+
+  // Marks slots as filled after the caller wrote them directly through key_slots/value_slots.
+  void fill_external(int64_t count, const std::vector<int64_t>& positions);
+  // Grows the buffers to at least `capacity` slots, keeping the contents.
+  void reserve(int64_t capacity);
+  // Forgets the contents (buffers are kept for reuse).
+  void clear();
+  // Drops slots [length, old length): used to roll back to a shared prefix.
+  void truncate(int64_t length);
+
+  // Bytes one token occupies across all layers: 2 x layers x kv_heads x head_dim x dtype size.
+  int64_t bytes_per_token() const;
+
+ private:
+  KVCacheShape shape_;
+  torch::TensorOptions options_;
+  std::vector<torch::Tensor> k_;  // per layer [batch, kv_heads, capacity, head_dim]
+  std::vector<torch::Tensor> v_;
+  int64_t length_ = 0;
+  std::vector<int64_t> positions_;
+  int64_t max_position_ = -1;
+};
+
+}  // namespace promptcache

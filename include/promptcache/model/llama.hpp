@@ -1,0 +1,88 @@
+// promptcache/model/llama.hpp — the Llama-family forward pass (Llama 2, TinyLlama, Mistral, ...).
+//
+// RMSNorm, RoPE (HF rotate-half convention, rope_theta, rope_scaling), grouped-query attention,
+// SwiGLU MLP, tied or untied lm_head. The forward takes token ids AND explicit position ids (they
+// need not be contiguous) and appends the new K (RoPE applied) and V to a KVCache.
+#pragma once
+
+#include <torch/types.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "promptcache/model/config.hpp"
+#include "promptcache/model/kv_cache.hpp"
+
+namespace promptcache {
+
+struct LoadOptions {
+  torch::Device device = torch::kCPU;
+  torch::Dtype dtype = torch::kFloat32;
+};
+
+// Parses "cpu", "cuda", "cuda:1" and "f32"/"float32", "f16"/"float16"/"half", "bf16"/"bfloat16";
+// Error(kInvalidArgument) naming the value otherwise (or when CUDA is not available).
+torch::Device parse_device(const std::string& text);
+torch::Dtype parse_dtype(const std::string& text);
+std::string dtype_name(torch::Dtype dtype);
+
+struct ForwardOptions {
+  // Logits for every new token ([batch, n, vocab]) instead of only the last ([batch, 1, vocab]).
+  bool all_logits = false;
+  // Which slots each new token may attend to: bool [n, cache_length + n], true = visible.
+  // Undefined = every cached slot plus the new tokens causally (ordinary incremental decoding).
+  torch::Tensor attention_mask;
+};
+
+class LlamaModel {
+ public:
+  // Loads config.json + *.safetensors from a HuggingFace checkpoint folder. Errors (kModel /
+  // kSafetensors / kIo) name the folder, file and tensor, and say expected vs found shapes.
+  static std::unique_ptr<LlamaModel> load(const std::string& dir, const LoadOptions& options = {});
+  // Builds a model from tensors named as in HF checkpoints
+  // (model.layers.N.self_attn.q_proj.weight).
+  static std::unique_ptr<LlamaModel> from_tensors(const ModelConfig& config,
+                                                  const std::map<std::string, torch::Tensor>& w,
+                                                  const LoadOptions& options = {},
+                                                  const std::string& origin = "<tensors>");
+
+  const ModelConfig& config() const { return config_; }
+  torch::Device device() const { return options_.device; }
+  torch::Dtype dtype() const { return options_.dtype; }
+  torch::TensorOptions tensor_options() const;
+
+  // A cache shaped for this model, on its device and dtype.
+  KVCache make_cache(int64_t capacity, int64_t batch = 1) const;
+
+  // token_ids and positions: int64 [batch, n] (or [n] for batch 1). Appends n slots to `cache`
+  // and returns float32 logits on the model's device.
+  torch::Tensor forward(const torch::Tensor& token_ids, const torch::Tensor& positions,
+                        KVCache& cache, const ForwardOptions& options = {}) const;
+
+  // RoPE cos/sin tables ([n, head_dim], float32) for the given positions — exposed for tests.
+  std::pair<torch::Tensor, torch::Tensor> rope_tables(const torch::Tensor& positions) const;
+
+  // Approximate FLOPs of a prefill of n tokens with `context` cached slots (for benchmarks).
+  double prefill_flops(int64_t n, int64_t context = 0) const;
+
+ private:
+  struct Layer {
+    torch::Tensor input_norm, post_norm;
+    torch::Tensor wq, wk, wv, wo;
+    torch::Tensor w_gate, w_up, w_down;
+  };
+  LlamaModel() = default;
+  torch::Tensor attention(const Layer& layer, int64_t index, const torch::Tensor& x,
+                          const torch::Tensor& cos, const torch::Tensor& sin, KVCache& cache,
+                          const torch::Tensor& mask) const;
+
+  ModelConfig config_;
+  LoadOptions options_;
+  torch::Tensor embed_, final_norm_, lm_head_;
+  std::vector<Layer> layers_;
+  torch::Tensor inv_freq_;  // float32 [head_dim / 2], rope_scaling applied
+};
+
+}  // namespace promptcache

@@ -1,0 +1,20 @@
+// promptcache/model/threads.hpp — CPU thread settings for LibTorch and its BLAS.
+//
+// LibTorch's OpenMP pool and OpenBLAS's own pthread pool oversubscribe the cores when both run
+// at full width, so the defaults split them (see docs/benchmarks.md for the measurements).
+#pragma once
+
+namespace promptcache {
+
+struct ThreadSettings {
+  int torch_threads = 0;  // LibTorch intra-op threads (elementwise ops, softmax, ...)
+  int blas_threads = 0;   // OpenBLAS threads (GEMMs); 0 when the BLAS is not OpenBLAS
+  bool openblas = false;  // whether OpenBLAS was found at run time
+};
+
+// threads = total CPU threads to use (0 = all hardware cores); torch_threads overrides the
+// intra-op pool (0 = the measured default). Returns what was applied.
+ThreadSettings configure_threads(int threads = 0, int torch_threads = 0);
+int hardware_cores();
+
+}  // namespace promptcache

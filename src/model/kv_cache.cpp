@@ -1,0 +1,98 @@
+#include "promptcache/model/kv_cache.hpp"
+
+#include <algorithm>
+
+#include "promptcache/error.hpp"
+
+namespace promptcache {
+
+KVCache::KVCache(const KVCacheShape& shape, torch::TensorOptions options)
+    : shape_(shape), options_(options) {
+  if (shape.layers <= 0 || shape.batch <= 0 || shape.kv_heads <= 0 || shape.head_dim <= 0 ||
+      shape.capacity < 0) {
+    throw Error(ErrorKind::kInvalidArgument, "KV cache shape must be positive");
+  }
+  k_.reserve(shape.layers);
+  v_.reserve(shape.layers);
+  for (int64_t l = 0; l < shape.layers; ++l) {
+    k_.push_back(
+        torch::empty({shape.batch, shape.kv_heads, shape.capacity, shape.head_dim}, options));
+    v_.push_back(
+        torch::empty({shape.batch, shape.kv_heads, shape.capacity, shape.head_dim}, options));
+  }
+  positions_.reserve(shape.capacity);
+}
+
+torch::Tensor KVCache::keys(int64_t layer) const {
+  return k_.at(layer).narrow(2, 0, length_);
+}
+torch::Tensor KVCache::values(int64_t layer) const {
+  return v_.at(layer).narrow(2, 0, length_);
+}
+
+torch::Tensor KVCache::key_slots(int64_t layer, int64_t begin, int64_t count) const {
+  return k_.at(layer).narrow(2, begin, count);
+}
+torch::Tensor KVCache::value_slots(int64_t layer, int64_t begin, int64_t count) const {
+  return v_.at(layer).narrow(2, begin, count);
+}
+
+void KVCache::write_pending(int64_t layer, const torch::Tensor& k, const torch::Tensor& v) {
+  const int64_t n = k.size(2);
+  if (length_ + n > shape_.capacity) {
+    throw Error(ErrorKind::kContextOverflow,
+                "KV cache full: " + std::to_string(length_) + " + " + std::to_string(n) +
+                    " tokens exceed its capacity of " + std::to_string(shape_.capacity));
+  }
+  k_.at(layer).narrow(2, length_, n).copy_(k);
+  v_.at(layer).narrow(2, length_, n).copy_(v);
+}
+
+void KVCache::commit(const std::vector<int64_t>& positions) {
+  fill_external(static_cast<int64_t>(positions.size()), positions);
+}
+
+void KVCache::fill_external(int64_t count, const std::vector<int64_t>& positions) {
+  if (static_cast<int64_t>(positions.size()) != count || length_ + count > shape_.capacity) {
+    throw Error(ErrorKind::kInvalidArgument, "KV cache fill does not match its capacity");
+  }
+  length_ += count;
+  positions_.insert(positions_.end(), positions.begin(), positions.end());
+  for (int64_t p : positions) max_position_ = std::max(max_position_, p);
+}
+
+void KVCache::reserve(int64_t capacity) {
+  if (capacity <= shape_.capacity) return;
+  for (int64_t l = 0; l < shape_.layers; ++l) {
+    auto grow = [&](torch::Tensor& buffer) {
+      auto bigger =
+          torch::empty({shape_.batch, shape_.kv_heads, capacity, shape_.head_dim}, options_);
+      bigger.narrow(2, 0, length_).copy_(buffer.narrow(2, 0, length_));
+      buffer = bigger;
+    };
+    grow(k_[l]);
+    grow(v_[l]);
+  }
+  shape_.capacity = capacity;
+}
+
+void KVCache::clear() {
+  truncate(0);
+}
+
+void KVCache::truncate(int64_t length) {
+  if (length < 0 || length > length_) {
+    throw Error(ErrorKind::kInvalidArgument, "KV cache truncate beyond its length");
+  }
+  length_ = length;
+  positions_.resize(length);
+  max_position_ = positions_.empty() ? -1 : *std::max_element(positions_.begin(), positions_.end());
+}
+
+int64_t KVCache::bytes_per_token() const {
+  const int64_t item =
+      static_cast<int64_t>(c10::elementSize(c10::typeMetaToScalarType(options_.dtype())));
+  return 2 * shape_.layers * shape_.kv_heads * shape_.head_dim * item;
+}
+
+}  // namespace promptcache

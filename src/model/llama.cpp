@@ -1,0 +1,301 @@
+#include "promptcache/model/llama.hpp"
+
+#include <ATen/ATen.h>
+#include <torch/version.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "promptcache/error.hpp"
+#include "promptcache/model/safetensors.hpp"
+
+namespace promptcache {
+namespace {
+
+std::string shape_string(at::IntArrayRef shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  auto h = x.to(torch::kFloat32);
+  h = h * torch::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * h.to(x.scalar_type());
+}
+
+torch::Tensor rotate_half(const torch::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+torch::Tensor inverse_frequencies(const ModelConfig& c) {
+  const int64_t d = c.head_dim;
+  auto exponents =
+      torch::arange(0, d, 2, torch::kInt64).to(torch::kFloat32) / static_cast<double>(d);
+  auto inv_freq = 1.0 / torch::pow(torch::scalar_tensor(c.rope_theta, torch::kFloat32), exponents);
+  const auto& s = c.rope_scaling;
+  if (s.type == RopeScaling::Type::kLinear) {
+    inv_freq = inv_freq / s.factor;
+  } else if (s.type == RopeScaling::Type::kLlama3) {
+    const double old_len = static_cast<double>(s.original_max_position_embeddings);
+    const double low_wavelen = old_len / s.low_freq_factor;
+    const double high_wavelen = old_len / s.high_freq_factor;
+    auto wavelen = 2.0 * M_PI / inv_freq;
+    auto scaled = torch::where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq);
+    auto smooth =
+        (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+    auto smoothed = (1.0 - smooth) * scaled / s.factor + smooth * scaled;
+    auto medium = (wavelen >= high_wavelen).logical_and(wavelen <= low_wavelen);
+    inv_freq = torch::where(medium, smoothed, scaled);
+  }
+  return inv_freq.contiguous();
+}
+
+}  // namespace
+
+torch::Device parse_device(const std::string& text) {
+  if (text == "cpu") return torch::kCPU;
+  if (text.rfind("cuda", 0) == 0) {
+    torch::Device device(torch::kCPU);
+    try {
+      device = torch::Device(text);
+    } catch (const std::exception&) {
+      throw Error(ErrorKind::kInvalidArgument,
+                  "unknown device '" + text + "' (use cpu or cuda[:N])");
+    }
+    if (!at::hasCUDA()) {
+      throw Error(ErrorKind::kInvalidArgument,
+                  "device '" + text + "' requested but this build of LibTorch has no CUDA device");
+    }
+    return device;
+  }
+  throw Error(ErrorKind::kInvalidArgument, "unknown device '" + text + "' (use cpu or cuda[:N])");
+}
+
+torch::Dtype parse_dtype(const std::string& text) {
+  if (text == "f32" || text == "float32" || text == "float") return torch::kFloat32;
+  if (text == "f16" || text == "float16" || text == "half") return torch::kFloat16;
+  if (text == "bf16" || text == "bfloat16") return torch::kBFloat16;
+  throw Error(ErrorKind::kInvalidArgument, "unknown dtype '" + text + "' (use f32, f16 or bf16)");
+}
+
+std::string dtype_name(torch::Dtype dtype) {
+  switch (dtype) {
+    case torch::kFloat32:
+      return "f32";
+    case torch::kFloat16:
+      return "f16";
+    case torch::kBFloat16:
+      return "bf16";
+    default:
+      return c10::toString(dtype);
+  }
+}
+
+torch::TensorOptions LlamaModel::tensor_options() const {
+  return torch::TensorOptions().device(options_.device).dtype(options_.dtype);
+}
+
+std::unique_ptr<LlamaModel> LlamaModel::load(const std::string& dir, const LoadOptions& options) {
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(dir)) {
+    throw Error(ErrorKind::kModel,
+                "model folder does not exist (expected a HuggingFace folder "
+                "with config.json and *.safetensors)",
+                {dir});
+  }
+  const std::string config_path = (fs::path(dir) / "config.json").string();
+  if (!fs::exists(config_path)) throw Error(ErrorKind::kModel, "config.json is missing", {dir});
+  const ModelConfig config = ModelConfig::from_json_file(config_path);
+  const auto checkpoint = SafetensorsCheckpoint::open_folder(dir);
+  std::map<std::string, torch::Tensor> weights;
+  for (const auto& name : checkpoint.names()) weights.emplace(name, checkpoint.tensor(name));
+  return from_tensors(config, weights, options, dir);
+}
+
+std::unique_ptr<LlamaModel> LlamaModel::from_tensors(const ModelConfig& config,
+                                                     const std::map<std::string, torch::Tensor>& w,
+                                                     const LoadOptions& options,
+                                                     const std::string& origin) {
+  config.validate(origin);
+#if TORCH_VERSION_MAJOR < 2
+  if (options.device.is_cpu() && options.dtype == torch::kFloat16) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "f16 on the CPU needs LibTorch 2.x (this is 1.x, which has no f16 CPU matmul); "
+                "use bf16 or f32",
+                {origin});
+  }
+#endif
+  std::unique_ptr<LlamaModel> m(new LlamaModel());
+  m->config_ = config;
+  m->options_ = options;
+  const auto to_model = torch::TensorOptions().device(options.device).dtype(options.dtype);
+  auto take = [&](const std::string& name, std::vector<int64_t> shape) {
+    auto it = w.find(name);
+    if (it == w.end()) {
+      throw Error(ErrorKind::kModel, "tensor is missing from the checkpoint",
+                  {origin, 0, 0, "tensor '" + name + "'"});
+    }
+    if (it->second.sizes() != at::IntArrayRef(shape)) {
+      throw Error(ErrorKind::kModel,
+                  "tensor has shape " + shape_string(it->second.sizes()) +
+                      " but config.json implies " + shape_string(shape),
+                  {origin, 0, 0, "tensor '" + name + "'"});
+    }
+    // Same device and dtype: this is the mmapped tensor itself, no copy.
+    return it->second.to(to_model);
+  };
+  const int64_t h = config.hidden_size, d = config.head_dim, f = config.intermediate_size;
+  const int64_t hq = config.num_attention_heads, hkv = config.num_key_value_heads;
+  m->embed_ = take("model.embed_tokens.weight", {config.vocab_size, h});
+  m->final_norm_ = take("model.norm.weight", {h});
+  if (!config.tie_word_embeddings && w.count("lm_head.weight")) {
+    m->lm_head_ = take("lm_head.weight", {config.vocab_size, h});
+  } else if (!config.tie_word_embeddings) {
+    throw Error(ErrorKind::kModel,
+                "tensor is missing and tie_word_embeddings is false in config.json",
+                {origin, 0, 0, "tensor 'lm_head.weight'"});
+  } else {
+    m->lm_head_ = m->embed_;
+  }
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    Layer l;
+    l.input_norm = take(p + "input_layernorm.weight", {h});
+    l.post_norm = take(p + "post_attention_layernorm.weight", {h});
+    l.wq = take(p + "self_attn.q_proj.weight", {hq * d, h});
+    l.wk = take(p + "self_attn.k_proj.weight", {hkv * d, h});
+    l.wv = take(p + "self_attn.v_proj.weight", {hkv * d, h});
+    l.wo = take(p + "self_attn.o_proj.weight", {h, hq * d});
+    l.w_gate = take(p + "mlp.gate_proj.weight", {f, h});
+    l.w_up = take(p + "mlp.up_proj.weight", {f, h});
+    l.w_down = take(p + "mlp.down_proj.weight", {h, f});
+    m->layers_.push_back(std::move(l));
+  }
+  m->inv_freq_ = inverse_frequencies(config).to(options.device);
+  return m;
+}
+
+KVCache LlamaModel::make_cache(int64_t capacity, int64_t batch) const {
+  KVCacheShape shape{config_.num_hidden_layers, batch, config_.num_key_value_heads,
+                     config_.head_dim, capacity};
+  return KVCache(shape, tensor_options());
+}
+
+std::pair<torch::Tensor, torch::Tensor> LlamaModel::rope_tables(
+    const torch::Tensor& positions) const {
+  // As HF: float32 angles, then cos/sin, duplicated for the two rotated halves.
+  auto freqs = positions.to(inv_freq_.device(), torch::kFloat32).unsqueeze(-1) * inv_freq_;
+  auto emb = torch::cat({freqs, freqs}, -1);
+  return {emb.cos(), emb.sin()};
+}
+
+torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const torch::Tensor& x,
+                                    const torch::Tensor& cos, const torch::Tensor& sin,
+                                    KVCache& cache, const torch::Tensor& mask) const {
+  const int64_t b = x.size(0), n = x.size(1), d = config_.head_dim;
+  const int64_t hq = config_.num_attention_heads, hkv = config_.num_key_value_heads;
+  const int64_t groups = hq / hkv;
+  auto q = torch::linear(x, layer.wq).view({b, n, hq, d}).transpose(1, 2);
+  auto k = torch::linear(x, layer.wk).view({b, n, hkv, d}).transpose(1, 2);
+  auto v = torch::linear(x, layer.wv).view({b, n, hkv, d}).transpose(1, 2);
+  q = q * cos + rotate_half(q) * sin;
+  k = k * cos + rotate_half(k) * sin;
+  cache.write_pending(index, k, v);
+  const int64_t total = cache.length() + n;
+  auto keys = cache.key_slots(index, 0, total);
+  auto values = cache.value_slots(index, 0, total);
+  // Grouped-query attention without copying K/V: the query heads that share a KV head are
+  // stacked along the row axis, so one matmul per KV head serves the whole group.
+  auto qg = q.reshape({b, hkv, groups * n, d});
+  torch::Tensor out;
+#if TORCH_VERSION_MAJOR >= 2
+  torch::Tensor grouped_mask;
+  if (mask.defined()) grouped_mask = mask.repeat({groups, 1});
+  out = at::scaled_dot_product_attention(qg, keys, values, grouped_mask);
+#else
+  auto scores = torch::matmul(qg, keys.transpose(-1, -2));
+  if (scores.scalar_type() != torch::kFloat32) scores = scores.to(torch::kFloat32);
+  scores.mul_(1.0 / std::sqrt(static_cast<double>(d)));
+  if (mask.defined()) {
+    scores.view({b, hkv, groups, n, total})
+        .masked_fill_(mask.logical_not(), -std::numeric_limits<float>::infinity());
+  }
+  out = torch::matmul(scores.softmax(-1).to(values.scalar_type()), values);
+#endif
+  out = out.view({b, hq, n, d}).transpose(1, 2).reshape({b, n, hq * d});
+  return torch::linear(out, layer.wo);
+}
+
+torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
+                                  const torch::Tensor& positions_in, KVCache& cache,
+                                  const ForwardOptions& options) const {
+  auto ids = token_ids_in.dim() == 1 ? token_ids_in.unsqueeze(0) : token_ids_in;
+  auto positions = positions_in.dim() == 1 ? positions_in.unsqueeze(0) : positions_in;
+  const int64_t b = ids.size(0), n = ids.size(1);
+  if (n == 0) throw Error(ErrorKind::kInvalidArgument, "forward needs at least one token");
+  if (positions.size(-1) != n) {
+    throw Error(ErrorKind::kInvalidArgument, "forward: " + std::to_string(n) + " tokens but " +
+                                                 std::to_string(positions.size(-1)) + " positions");
+  }
+  if (b != cache.shape().batch) {
+    throw Error(ErrorKind::kInvalidArgument, "forward: batch does not match the KV cache");
+  }
+  ids = ids.to(options_.device, torch::kInt64);
+  {
+    auto bad = (ids < 0).logical_or(ids >= config_.vocab_size);
+    if (bad.any().item<bool>()) {
+      throw Error(ErrorKind::kInvalidArgument, "token id outside the model's vocabulary of " +
+                                                   std::to_string(config_.vocab_size));
+    }
+  }
+  const int64_t past = cache.length();
+  torch::Tensor mask = options.attention_mask;
+  if (mask.defined()) {
+    if (mask.dim() != 2 || mask.size(0) != n || mask.size(1) != past + n) {
+      throw Error(ErrorKind::kInvalidArgument, "attention mask must be [" + std::to_string(n) +
+                                                   ", " + std::to_string(past + n) + "] but is " +
+                                                   shape_string(mask.sizes()));
+    }
+    mask = mask.to(options_.device, torch::kBool);
+  } else if (n > 1) {
+    // Every cached slot, plus the new tokens causally.
+    auto cols = torch::arange(past + n, torch::TensorOptions().device(options_.device));
+    auto rows = torch::arange(n, torch::TensorOptions().device(options_.device)).unsqueeze(1);
+    mask = cols.unsqueeze(0) <= rows + past;
+  }
+  auto [cos, sin] = rope_tables(positions);   // [b, n, d]
+  cos = cos.unsqueeze(1).to(options_.dtype);  // [b, 1, n, d], broadcast over heads
+  sin = sin.unsqueeze(1).to(options_.dtype);
+
+  auto x = embed_.index_select(0, ids.reshape({-1})).view({b, n, config_.hidden_size});
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& layer = layers_[i];
+    x = x + attention(layer, static_cast<int64_t>(i),
+                      rms_norm(x, layer.input_norm, config_.rms_norm_eps), cos, sin, cache, mask);
+    auto h = rms_norm(x, layer.post_norm, config_.rms_norm_eps);
+    x = x +
+        torch::linear(torch::silu(torch::linear(h, layer.w_gate)) * torch::linear(h, layer.w_up),
+                      layer.w_down);
+  }
+  auto first_row = positions[0].to(torch::kCPU, torch::kInt64).contiguous();
+  cache.commit(
+      std::vector<int64_t>(first_row.data_ptr<int64_t>(), first_row.data_ptr<int64_t>() + n));
+  if (!options.all_logits) x = x.narrow(1, n - 1, 1);
+  x = rms_norm(x, final_norm_, config_.rms_norm_eps);
+  return torch::linear(x, lm_head_).to(torch::kFloat32);
+}
+
+double LlamaModel::prefill_flops(int64_t n, int64_t context) const {
+  const double h = config_.hidden_size, d = config_.head_dim, f = config_.intermediate_size;
+  const double hq = config_.num_attention_heads, hkv = config_.num_key_value_heads;
+  const double per_token_matmul = 2.0 * (h * hq * d + 2.0 * h * hkv * d + hq * d * h + 3.0 * h * f);
+  // Each token i attends to context + i + 1 slots: QK^T and PV, 2 FLOPs per multiply-add.
+  const double attended = n * static_cast<double>(context) + n * (n + 1) / 2.0;
+  const double attention = 4.0 * hq * d * attended;
+  return config_.num_hidden_layers * (n * per_token_matmul + attention) +
+         2.0 * h * config_.vocab_size;  // lm_head for the last token only
+}
+
+}  // namespace promptcache

@@ -1,0 +1,45 @@
+// Shared helpers for the test suites: temporary folders, tiny random models, fixture paths.
+#pragma once
+
+#include <filesystem>
+#include <random>
+#include <string>
+
+namespace promptcache::test {
+
+// A folder under the system temp dir, removed when the object dies.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag = "promptcache") {
+    std::random_device rd;
+    path_ = std::filesystem::temp_directory_path() /
+            (tag + "-" + std::to_string(rd()) + "-" + std::to_string(rd()));
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+inline std::string shared_dir() {
+  return PROMPTCACHE_SHARED_DIR;
+}
+inline std::string source_dir() {
+  return PROMPTCACHE_SOURCE_DIR;
+}
+inline std::string stories260k_dir() {
+  return shared_dir() + "/models/stories260K";
+}
+inline bool have_stories260k() {
+  return std::filesystem::exists(stories260k_dir() + "/model.safetensors");
+}
+
+}  // namespace promptcache::test

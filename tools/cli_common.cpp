@@ -1,0 +1,56 @@
+#include "cli_common.hpp"
+
+#include <fmt/format.h>
+
+#include "promptcache/model/threads.hpp"
+
+namespace promptcache::cli {
+
+void add_model_options(CLI::App& app, ModelOptions& o, bool model_required) {
+  auto* model =
+      app.add_option("--model,-m", o.model_dir,
+                     "HuggingFace model folder (config.json, *.safetensors, tokenizer.model)");
+  if (model_required) model->required();
+  app.add_option("--device", o.device, "cpu or cuda[:N]")->capture_default_str();
+  app.add_option("--dtype", o.dtype, "f32, f16 or bf16")->capture_default_str();
+  app.add_option("--threads", o.threads, "CPU threads (0 = all cores)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+}
+
+void require_model(const ModelOptions& o) {
+  if (!o.model_dir.empty()) return;
+  throw UsageError(
+      "no model given: pass --model DIR (a HuggingFace Llama folder with config.json, "
+      "*.safetensors and tokenizer.model).\n"
+      "  For a quick start without downloads, make a synthetic one:\n"
+      "    promptcache make-model --shape tiny --out /tmp/tiny-llama\n"
+      "  then pass --model /tmp/tiny-llama");
+}
+
+std::string apply_threads(const ModelOptions& o) {
+  const auto t = configure_threads(o.threads);
+  return fmt::format("threads: torch {} / blas {}{}", t.torch_threads, t.blas_threads,
+                     t.openblas ? " (OpenBLAS)" : "");
+}
+
+void add_sampling_options(CLI::App& app, SamplingOptions& o) {
+  auto& p = o.params;
+  app.add_option("-n,--max-new-tokens", p.max_new_tokens, "tokens to generate")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--temperature,-t", p.temperature, "0 = greedy")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--top-k", p.top_k, "keep the k most likely tokens (0 = off)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--top-p", p.top_p, "nucleus sampling mass (1 = off)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--repetition-penalty", p.repetition_penalty, "1 = off")->capture_default_str();
+  app.add_option("--seed", p.seed, "random seed for sampling")->capture_default_str();
+  app.add_option("--stop", o.stop, "stop when this text appears (repeatable)");
+}
+
+}  // namespace promptcache::cli

@@ -1,0 +1,48 @@
+// Shared pieces of the promptcache CLI subcommands.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "promptcache/sampling.hpp"
+
+namespace promptcache::cli {
+
+// Each subcommand registers itself and returns the function that runs it after parsing.
+using Runner = std::function<int()>;
+struct Command {
+  CLI::App* app;
+  Runner run;
+};
+
+// Options shared by the commands that load a model.
+struct ModelOptions {
+  std::string model_dir;
+  std::string device = "cpu";
+  std::string dtype = "f32";
+  int threads = 0;
+};
+void add_model_options(CLI::App& app, ModelOptions& o, bool model_required = false);
+// Fails with a helpful message (how to make a synthetic model) when --model was not given.
+void require_model(const ModelOptions& o);
+// Applies --threads and returns a one-line description.
+std::string apply_threads(const ModelOptions& o);
+
+struct SamplingOptions {
+  SamplingParams params;
+  std::vector<std::string> stop;
+};
+void add_sampling_options(CLI::App& app, SamplingOptions& o);
+
+Command register_make_model(CLI::App& root);
+Command register_generate(CLI::App& root);
+
+// A user mistake: printed as "promptcache: error: ..." without a stack trace; exit code 2.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace promptcache::cli

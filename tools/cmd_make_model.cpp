@@ -1,0 +1,39 @@
+// promptcache make-model: a deterministic random Llama checkpoint with a trained tokenizer.
+#include <fmt/format.h>
+
+#include <iostream>
+
+#include "cli_common.hpp"
+#include "promptcache/model/llama.hpp"
+#include "promptcache/model/synthetic.hpp"
+
+namespace promptcache::cli {
+
+Command register_make_model(CLI::App& root) {
+  struct Options {
+    std::string shape = "tiny";
+    std::string out;
+    std::uint64_t seed = 0;
+    std::string dtype = "f32";
+  };
+  auto o = std::make_shared<Options>();
+  auto* app = root.add_subcommand(
+      "make-model",
+      "Write a synthetic Llama model folder (random weights, trained tokenizer).\n"
+      "Example: promptcache make-model --shape bench-small --out /tmp/bench --seed 1");
+  app->add_option("--shape", o->shape, "tiny | bench-small | tinyllama-1.1b")
+      ->capture_default_str()
+      ->check(CLI::IsMember(synthetic_shapes()));
+  app->add_option("--out,-o", o->out, "output folder")->required();
+  app->add_option("--seed", o->seed, "weights seed")->capture_default_str();
+  app->add_option("--dtype", o->dtype, "storage dtype: f32, f16 or bf16")->capture_default_str();
+  return {app, [o]() {
+            const auto dtype = parse_dtype(o->dtype);
+            std::cerr << fmt::format("making '{}' model in {} ...\n", o->shape, o->out);
+            make_synthetic_model(o->out, o->shape, o->seed, dtype);
+            std::cout << o->out << "\n";
+            return 0;
+          }};
+}
+
+}  // namespace promptcache::cli

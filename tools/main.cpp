@@ -1,0 +1,38 @@
+// promptcache — command-line interface. One subcommand per file (cmd_*.cpp).
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#include "cli_common.hpp"
+#include "promptcache/error.hpp"
+
+int main(int argc, char** argv) {
+  using namespace promptcache;
+  CLI::App app{
+      "promptcache — reuse attention states of prompt modules for fast LLM answers.\n"
+      "Examples:\n"
+      "  promptcache make-model --shape tiny --out /tmp/tiny\n"
+      "  promptcache generate --model /tmp/tiny --text \"Once upon a time\" -n 20\n"};
+  app.require_subcommand(1);
+  std::vector<cli::Command> commands = {cli::register_make_model(app), cli::register_generate(app)};
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    for (auto& c : commands) {
+      if (c.app->parsed()) return c.run();
+    }
+  } catch (const cli::UsageError& e) {
+    std::cerr << "promptcache: error: " << e.what() << "\n";
+    return 2;
+  } catch (const Error& e) {
+    std::cerr << "promptcache: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "promptcache: internal error: " << e.what() << "\n";
+    return 3;
+  }
+  return 2;
+}
