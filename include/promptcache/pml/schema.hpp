@@ -271,8 +271,10 @@ class SchemaParser {
     for (pugi::xml_node child : element.children()) {
       if (child.type() == pugi::node_pcdata || child.type() == pugi::node_cdata) {
         if (is_blank(child.value())) continue;
+        SourceLocation where = src_.at(child);
+        where.element = "<union>";
         throw Error(ErrorKind::kSchema, "text inside <union>; only <module> elements may go there",
-                    src_.at(child));
+                    where);
       }
       if (child.type() != pugi::node_element) continue;
       if (std::string(child.name()) != "module") {

@@ -121,7 +121,7 @@ class XmlSource {
                          pugi::encoding_utf8);
     if (!result) {
       throw Error(ErrorKind::kXmlSyntax, std::string("malformed XML: ") + result.description(),
-                  at_offset(result.offset, ""));
+                  at_offset(result.offset, element_before(result.offset)));
     }
   }
   XmlSource(const XmlSource&) = delete;
@@ -129,6 +129,28 @@ class XmlSource {
 
   const pugi::xml_document& document() const { return doc_; }
   const std::string& origin() const { return origin_; }
+
+  // The tag that opens most recently before offset ("<module>"), to name the element a syntax
+  // error is in; "" when there is none.
+  std::string element_before(std::ptrdiff_t offset) const {
+    if (offset < 0) return "";
+    std::size_t pos = std::min(static_cast<std::size_t>(offset), text_.size());
+    while (pos > 0) {
+      pos = text_.rfind('<', pos - 1);
+      if (pos == std::string::npos) return "";
+      std::size_t e = pos + 1;
+      if (e < text_.size() && text_[e] == '/') ++e;
+      const std::size_t b = e;
+      while (e < text_.size() && !is_xml_space(text_[e]) && text_[e] != '>' && text_[e] != '/' &&
+             text_[e] != '<')
+        ++e;
+      if (e > b && is_xml_name(std::string_view(text_).substr(b, e - b))) {
+        return "<" + text_.substr(pos + 1, e - pos - 1) + ">";
+      }
+      if (pos == 0) break;
+    }
+    return "";
+  }
 
   // The location of a byte offset (1-based line and column; column counts bytes).
   SourceLocation at_offset(std::ptrdiff_t offset, std::string element) const {
