@@ -146,19 +146,16 @@ TEST_CASE("errors: bad schemas", "[pml][errors]") {
   }
 }
 
-TEST_CASE("errors: scaffold longer than its parameter is found at layout", "[pml][errors]") {
+TEST_CASE("layout: a scaffold longer than its parameter is cut to the slot", "[pml][layout]") {
   FakeTokenizer tok;
-  const BadInput c{"scaffold too long",
-                   "<schema name=\"s\">\n  <module name=\"m\">\n    <parameter name=\"p\" "
-                   "length=\"2\" scaffold=\"one two three\"/>\n  </module>\n</schema>",
-                   ErrorKind::kSchema, 3, "<parameter name=\"p\">"};
-  expect_error([&] { layout(parse_schema_string(c.xml, "bad.xml"), tok, plain_template()); }, c,
-               "bad.xml");
-  try {
-    layout(parse_schema_string(c.xml, "bad.xml"), tok, plain_template());
-  } catch (const Error& e) {
-    CHECK_THAT(e.what(), Catch::Contains("3 tokens") && Catch::Contains("2 positions"));
-  }
+  const Layout l = layout(parse_schema_string("<schema name=\"s\"><module name=\"m\"><parameter "
+                                              "name=\"p\" length=\"2\" scaffold=\"one two "
+                                              "three\"/></module></schema>"),
+                          tok, plain_template());
+  const Span& slot = l.spans[l.module("m").parameters.at(0)];
+  CHECK(slot.tokens == std::vector<TokenId>{tok.word("one"), tok.word("two")});
+  const auto r = resolve(parse_prompt_string("<prompt schema=\"s\"><m/></prompt>"), l, tok);
+  CHECK(r.arguments.at(0).tokens.size() == 2);
 }
 
 TEST_CASE("errors: a missing src file in a schema file names the schema file", "[pml][errors]") {

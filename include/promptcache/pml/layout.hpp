@@ -7,7 +7,8 @@
 //   * positions are assigned depth-first in document order with one cursor;
 //   * all members of a union start at the union's offset; the union reserves the longest
 //     member, and the cursor continues after it;
-//   * a parameter reserves `length` positions holding its scaffold's tokens padded with unk.
+//   * a parameter reserves `length` positions holding its scaffold's tokens padded with unk
+//     (or cut to `length`).
 // The result lists modules (path, [begin, end), cache flag), spans, unions, and answers the
 // questions the cache compiler asks: which spans form an encoding pass (scaffold pass, one pass
 // per non-scaffold union member) and which spans each pass stores. docs/pml.md has the rules
@@ -371,14 +372,9 @@ class LayoutBuilder {
     span.parameter = node.name;
     span.text = node.text;
     span.where = node.where;
+    // A scaffold is only a placeholder for the encoding context, and whether it fits depends on
+    // the tokenizer, so a long one is cut to the slot rather than rejected.
     span.tokens = encode_span(tok_, node.text);
-    if (span.tokens.size() > node.length) {
-      throw Error(ErrorKind::kSchema,
-                  "scaffold of parameter '" + node.name + "' is " +
-                      std::to_string(span.tokens.size()) + " tokens, but the parameter reserves " +
-                      std::to_string(node.length) + " positions",
-                  node.where);
-    }
     span.tokens.resize(node.length, tok_.unk_id());
     add_span(std::move(span));
   }
@@ -394,7 +390,6 @@ class LayoutBuilder {
 }  // namespace detail
 
 // Tokenizes the schema and assigns positions (rules at the top of this file and in docs/pml.md).
-// Error(kSchema) at the parameter when a scaffold has more tokens than the parameter's length.
 inline Layout layout(const Schema& schema, const Tokenizer& tokenizer, const ChatTemplate& tmpl,
                      LayoutOptions options = {}) {
   return detail::LayoutBuilder(tokenizer, tmpl, options).build(schema);

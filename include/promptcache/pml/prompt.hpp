@@ -193,8 +193,9 @@ struct PlacedArgument {
   std::string parameter;
   std::size_t begin = 0;  // = the slot's first position; tokens occupy [begin, begin+size)
   std::vector<TokenId> tokens;
-  bool from_scaffold = false;  // no argument given: the scaffold text's tokens (no unk padding)
-  SourceLocation where;        // the argument attribute's element (or the parameter's)
+  // No argument given: the scaffold text's tokens (no unk padding, cut to the slot's length).
+  bool from_scaffold = false;
+  SourceLocation where;  // the argument attribute's element (or the parameter's)
 
   std::size_t end() const { return begin + tokens.size(); }
 };
@@ -338,6 +339,7 @@ class Resolver {
     } else {
       arg.where = span.where;
       arg.tokens = encode_span(tok_, span.text);
+      if (arg.tokens.size() > span.size()) arg.tokens.resize(span.size());  // cut like the slot
       arg.from_scaffold = true;
     }
     return arg;
