@@ -1,7 +1,7 @@
 // Llama forward: incremental decoding equals a full pass (contract 1), and arbitrary position ids
 // match an independent, plainly written RoPE-attention reference.
 #include <torch/types.h>
-#include <catch2/catch.hpp>
+#include "support/catch_torch.hpp"
 
 #include <torch/version.h>
 

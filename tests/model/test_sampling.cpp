@@ -1,4 +1,4 @@
-#include <catch2/catch.hpp>
+#include "support/catch_torch.hpp"
 
 #include <map>
 #include <set>

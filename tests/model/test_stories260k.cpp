@@ -1,6 +1,6 @@
 // Integration with a real trained model: greedy output must match the recorded reference.
-#include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
+#include "support/catch_torch.hpp"
 
 #include <fstream>
 

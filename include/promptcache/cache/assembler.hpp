@@ -1,0 +1,37 @@
+// promptcache/cache/assembler.hpp — THE place where stored states are stitched into one cache.
+//
+// For a resolved prompt the assembler copies the selected cacheable spans' states, in document
+// order with their original position ids, into a reusable KVCache, and lists the fresh tokens
+// the model must still run: argument tokens at their parameter's positions, spans of
+// cache="false" modules at theirs, then the prompt's text right after the largest position used.
+// Fresh tokens then attend to every assembled slot and to earlier fresh tokens — which is the
+// KV cache's ordinary causal rule, so no special mask is needed.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "promptcache/cache/store.hpp"
+#include "promptcache/model/kv_cache.hpp"
+#include "promptcache/pml/layout.hpp"
+#include "promptcache/pml/prompt.hpp"
+
+namespace promptcache {
+
+struct AssembledPrompt {
+  std::vector<TokenId> fresh_tokens;
+  std::vector<int64_t> fresh_positions;
+  int64_t cached_tokens = 0;  // slots filled from the store
+  int64_t kv_bytes = 0;       // bytes copied
+  double ms = 0;
+};
+
+class Assembler {
+ public:
+  // Fills `cache` (cleared first, grown if needed to `capacity_hint`) and returns the fresh part.
+  // Error(kCacheFile) if a cacheable span has no stored states (schema not compiled).
+  AssembledPrompt assemble(const pml::ResolvedPrompt& prompt, const pml::Layout& layout,
+                           const CacheStore& store, KVCache& cache, int64_t extra_capacity) const;
+};
+
+}  // namespace promptcache

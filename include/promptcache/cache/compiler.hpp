@@ -1,0 +1,73 @@
+// promptcache/cache/compiler.hpp — THE place where module states are produced.
+//
+// Scaffold encoding (the default, as the reference does it): the schema is run in causal passes,
+// the scaffold pass (every union represented by its scaffold member, parameters holding their
+// scaffold/unk tokens) and one pass per non-scaffold union member; each cacheable span's K/V is
+// taken from the pass that stores it (pml::Layout::spans_stored_by), at its reserved positions.
+// Isolated encoding: every module's own spans form a pass of their own, so a module attends only
+// to itself (the paper's description; useful for fidelity experiments).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "promptcache/cache/store.hpp"
+#include "promptcache/model/llama.hpp"
+#include "promptcache/pml/layout.hpp"
+
+namespace promptcache {
+
+enum class EncodingMode { kScaffold, kIsolated };
+const char* to_string(EncodingMode mode);
+EncodingMode parse_encoding_mode(const std::string& text);
+
+struct CompileProgress {
+  std::size_t pass = 0;  // 1-based index of the pass just finished
+  std::size_t passes = 0;
+  int64_t tokens_done = 0;  // tokens run through the model so far
+  int64_t tokens_total = 0;
+};
+
+struct CompileOptions {
+  EncodingMode mode = EncodingMode::kScaffold;
+  // Tokens per forward call: long passes run in chunks through the KV cache (same result as one
+  // causal forward, bounded attention memory).
+  int64_t chunk_tokens = 512;
+  std::function<void(const CompileProgress&)> on_progress;
+};
+
+struct CompileReport {
+  std::size_t passes = 0;
+  int64_t tokens_run = 0;     // tokens the model processed (shared prefixes counted once)
+  int64_t tokens_stored = 0;  // tokens whose states went into the store
+  int64_t bytes = 0;
+  double ms = 0;
+};
+
+// One encoding pass: the spans it runs (in order) and the spans whose states it keeps.
+struct EncodingPass {
+  std::vector<std::size_t> spans;
+  std::vector<std::size_t> stored;
+};
+
+// The passes a schema is compiled with, in the given mode.
+std::vector<EncodingPass> encoding_passes(const pml::Layout& layout, EncodingMode mode);
+
+// The spans a stored span attended to when it was encoded (those before it in its pass).
+std::vector<std::size_t> encoding_context(const pml::Layout& layout, std::size_t span,
+                                          EncodingMode mode);
+
+class ModuleCompiler {
+ public:
+  explicit ModuleCompiler(const LlamaModel& model) : model_(model) {}
+  // Encodes every cacheable span of the layout and puts its states into the store (replacing
+  // what the store had for this schema).
+  CompileReport compile(const pml::Layout& layout, CacheStore& store,
+                        const CompileOptions& options = {}) const;
+
+ private:
+  const LlamaModel& model_;
+};
+
+}  // namespace promptcache

@@ -1,0 +1,43 @@
+// promptcache/cache/store.hpp — where compiled module states live.
+//
+// Keyed by schema name and span index (pml::Layout::spans). Each entry holds the span's K (RoPE
+// applied at its reserved positions) and V for every layer, laid out [layers, kv_heads, n,
+// head_dim] so that assembly copies one contiguous block per layer and KV head.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace promptcache {
+
+struct SpanStates {
+  torch::Tensor k;  // [layers, kv_heads, n, head_dim]
+  torch::Tensor v;
+  int64_t begin = 0;  // position id of the first token; tokens sit at begin .. begin + n - 1
+  int64_t length() const { return k.defined() ? k.size(2) : 0; }
+  // Exactly 2 x layers x kv_heads x n x head_dim x dtype size.
+  int64_t bytes() const { return k.defined() ? 2 * k.numel() * k.element_size() : 0; }
+};
+
+class CacheStore {
+ public:
+  void put(const std::string& schema, std::size_t span, SpanStates states);
+  const SpanStates* find(const std::string& schema, std::size_t span) const;
+  bool contains_schema(const std::string& schema) const { return entries_.count(schema) > 0; }
+  // Drops every entry of a schema (before recompiling it).
+  void erase_schema(const std::string& schema);
+  const std::map<std::size_t, SpanStates>& spans_of(const std::string& schema) const;
+
+  int64_t bytes() const { return bytes_; }          // all schemas
+  int64_t bytes(const std::string& schema) const;   // one schema
+  int64_t tokens(const std::string& schema) const;  // stored tokens of one schema
+
+ private:
+  std::map<std::string, std::map<std::size_t, SpanStates>> entries_;
+  int64_t bytes_ = 0;
+};
+
+}  // namespace promptcache

@@ -1,0 +1,121 @@
+// promptcache/engine.hpp — the application-facing API.
+//
+//   auto engine = promptcache::Engine::open("models/llama-2-7b-chat");
+//   engine->add_schema_file("schemas/docqa.xml");           // compiles every module once
+//   auto r = engine->generate_xml(R"(<prompt schema="docqa"><doc-a/> Who wrote it?</prompt>)");
+//   std::cout << r.text << " (TTFT " << r.timings.ttft_ms << " ms)\n";
+//
+// generate() assembles the stored states of the modules a prompt selects, runs only the fresh
+// tokens, and decodes; with use_cache = false it runs the very same token sequence as one
+// ordinary prefill at positions 0..n-1 (the baseline the speedup is measured against).
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "promptcache/cache/assembler.hpp"
+#include "promptcache/cache/compiler.hpp"
+#include "promptcache/cache/store.hpp"
+#include "promptcache/generation.hpp"
+#include "promptcache/model/llama.hpp"
+#include "promptcache/model/tokenizer.hpp"
+#include "promptcache/pml/layout.hpp"
+#include "promptcache/pml/prompt.hpp"
+#include "promptcache/pml/schema.hpp"
+
+namespace promptcache {
+
+struct EngineOptions {
+  LoadOptions load;
+  EncodingMode encoding = EncodingMode::kScaffold;
+  std::string chat_template;  // empty: the model config's family
+  int64_t compile_chunk_tokens = 512;
+};
+
+struct RequestOptions {
+  bool use_cache = true;
+};
+
+struct ResponseTimings {
+  double assembly_ms = 0;       // copying stored states into the KV cache
+  double fresh_prefill_ms = 0;  // forward over the fresh (or, without cache, all) tokens
+  double ttft_ms = 0;           // request start to first token, prompt resolution included
+  double decode_ms = 0;
+  int64_t decode_tokens = 0;
+  double decode_tokens_per_s() const { return decode_ms > 0 ? decode_tokens * 1e3 / decode_ms : 0; }
+};
+
+struct Response {
+  std::string text;
+  std::vector<TokenId> tokens;
+  StopReason stop_reason = StopReason::kMaxTokens;
+  ResponseTimings timings;
+  int64_t cached_tokens = 0;  // prompt tokens served from the store
+  int64_t fresh_tokens = 0;   // prompt tokens run through the model
+  int64_t kv_bytes = 0;       // bytes assembled
+};
+
+class Engine {
+ public:
+  Engine(std::unique_ptr<LlamaModel> model, std::unique_ptr<Tokenizer> tokenizer,
+         EngineOptions options = {});
+  // Loads a HuggingFace folder (config.json, *.safetensors, tokenizer.model).
+  static std::unique_ptr<Engine> open(const std::string& model_dir, EngineOptions options = {});
+
+  using ProgressCallback = std::function<void(const std::string& schema, const CompileProgress&)>;
+  // Parses, lays out and compiles a schema; replaces a schema of the same name.
+  const pml::Layout& add_schema(const pml::Schema& schema, const ProgressCallback& progress = {});
+  const pml::Layout& add_schema_file(const std::string& path,
+                                     const ProgressCallback& progress = {});
+  const pml::Layout& add_schema_string(const std::string& xml,
+                                       const std::string& origin = "<string>",
+                                       const std::string& base_dir = "",
+                                       const ProgressCallback& progress = {});
+  // Lays a schema out without compiling it (what `promptcache layout` shows).
+  pml::Layout layout_only(const pml::Schema& schema) const;
+
+  bool has_schema(const std::string& name) const { return schemas_.count(name) > 0; }
+  const pml::Layout& layout(const std::string& schema) const;
+  const CompileReport& compile_report(const std::string& schema) const;
+
+  // Error(kUnknownSchema) naming the prompt's schema and the loaded ones.
+  pml::ResolvedPrompt resolve(const pml::Prompt& prompt) const;
+
+  Response generate(const pml::Prompt& prompt, const SamplingParams& params = {},
+                    const TokenCallback& on_token = {}, const RequestOptions& request = {});
+  Response generate_xml(const std::string& prompt_xml, const SamplingParams& params = {},
+                        const TokenCallback& on_token = {}, const RequestOptions& request = {},
+                        const std::string& origin = "<string>");
+
+  // The prompt's KV cache and last-position logits without decoding (tests, benchmarks).
+  struct Prefill {
+    torch::Tensor logits;  // [vocab] float32, after the last prompt token
+    AssembledPrompt assembled;
+    double prefill_ms = 0;
+  };
+  Prefill prefill(const pml::ResolvedPrompt& resolved, KVCache& cache, bool use_cache,
+                  int64_t extra_capacity = 0) const;
+
+  const LlamaModel& model() const { return *model_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const CacheStore& store() const { return store_; }
+  const pml::ChatTemplate& chat_template() const { return template_; }
+  const EngineOptions& options() const { return options_; }
+
+ private:
+  struct SchemaEntry {
+    pml::Layout layout;
+    CompileReport report;
+  };
+  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  EngineOptions options_;
+  pml::ChatTemplate template_;
+  CacheStore store_;
+  std::map<std::string, SchemaEntry> schemas_;
+  KVCache buffer_;  // reused across requests
+};
+
+}  // namespace promptcache

@@ -1,0 +1,86 @@
+#include "promptcache/cache/assembler.hpp"
+
+#include <algorithm>
+
+#include "promptcache/error.hpp"
+#include "promptcache/generation.hpp"
+
+namespace promptcache {
+
+AssembledPrompt Assembler::assemble(const pml::ResolvedPrompt& prompt, const pml::Layout& layout,
+                                    const CacheStore& store, KVCache& cache,
+                                    int64_t extra_capacity) const {
+  const double start = now_ms();
+  AssembledPrompt out;
+  struct Copy {
+    const SpanStates* states;
+    int64_t slot;
+  };
+  std::vector<Copy> copies;
+  std::vector<int64_t> cached_positions;
+  TokenId last_cached_token = -1;
+  auto add_fresh = [&](const std::vector<TokenId>& tokens, std::size_t begin) {
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      out.fresh_tokens.push_back(tokens[i]);
+      out.fresh_positions.push_back(static_cast<int64_t>(begin + i));
+    }
+  };
+  for (std::size_t index : prompt.spans) {
+    const pml::Span& span = layout.spans.at(index);
+    if (span.kind == pml::SpanKind::kParameter) {
+      auto arg = std::find_if(prompt.arguments.begin(), prompt.arguments.end(),
+                              [&](const pml::PlacedArgument& a) { return a.span == index; });
+      if (arg != prompt.arguments.end()) add_fresh(arg->tokens, arg->begin);
+      continue;
+    }
+    if (!span.cacheable) {
+      add_fresh(span.tokens, span.begin);
+      continue;
+    }
+    if (span.size() == 0) continue;
+    const SpanStates* states = store.find(layout.schema_name, index);
+    if (states == nullptr || states->length() != static_cast<int64_t>(span.size()) ||
+        states->begin != static_cast<int64_t>(span.begin)) {
+      throw Error(ErrorKind::kCacheFile,
+                  "no compiled states for this span of schema '" + layout.schema_name +
+                      "' (compile the schema before assembling prompts)",
+                  span.where);
+    }
+    copies.push_back({states, out.cached_tokens});
+    out.cached_tokens += states->length();
+    for (std::size_t t = 0; t < span.size(); ++t) {
+      cached_positions.push_back(static_cast<int64_t>(span.begin + t));
+    }
+    last_cached_token = span.tokens.back();
+  }
+  add_fresh(prompt.text_tokens, prompt.text_begin);
+
+  const int64_t needed = out.cached_tokens + static_cast<int64_t>(out.fresh_tokens.size());
+  cache.clear();
+  cache.reserve(needed + std::max<int64_t>(extra_capacity, 0));
+  // Layer-major copy: each destination block [kv_heads, n, head_dim] is written once per span.
+  for (int64_t l = 0; l < cache.layers(); ++l) {
+    for (const Copy& c : copies) {
+      const int64_t n = c.states->length();
+      cache.key_slots(l, c.slot, n).copy_(c.states->k[l].unsqueeze(0));
+      cache.value_slots(l, c.slot, n).copy_(c.states->v[l].unsqueeze(0));
+      if (l == 0) out.kv_bytes += c.states->bytes();
+    }
+  }
+  cache.fill_external(out.cached_tokens, cached_positions);
+  if (out.fresh_tokens.empty() && out.cached_tokens > 0) {
+    // Nothing fresh: the last cached token is run again so the model has logits to start from
+    // (its recomputed states equal the stored ones when it sits at the end of its context).
+    cache.truncate(out.cached_tokens - 1);
+    out.fresh_tokens.push_back(last_cached_token);
+    out.fresh_positions.push_back(cached_positions.back());
+    out.cached_tokens -= 1;
+  }
+  if (out.fresh_tokens.empty()) {
+    throw Error(ErrorKind::kPrompt, "the prompt selects no tokens at all", layout.root().where);
+  }
+  out.ms = now_ms() - start;
+  return out;
+}
+
+}  // namespace promptcache

@@ -1,0 +1,41 @@
+// A tiny random Llama (GQA) with a SentencePiece tokenizer trained on the built-in corpus, made
+// once per test process.
+#pragma once
+
+#include <memory>
+
+#include "promptcache/builtin_data.hpp"
+#include "promptcache/engine.hpp"
+#include "promptcache/model/synthetic.hpp"
+#include "support/test_support.hpp"
+
+namespace promptcache::test {
+
+inline const std::string& tiny_tokenizer_path() {
+  static TempDir dir("promptcache-tok");
+  static const std::string path = [] {
+    const std::string p = dir.file("tokenizer.model");
+    train_sentencepiece_tokenizer(builtin_corpus(), 400, p);
+    return p;
+  }();
+  return path;
+}
+
+inline ModelConfig tiny_config() {
+  ModelConfig c = synthetic_config("tiny");
+  c.num_hidden_layers = 2;
+  return c;
+}
+
+inline std::unique_ptr<LlamaModel> tiny_model(std::uint64_t seed = 1, double init_std = 0.15) {
+  const ModelConfig c = tiny_config();
+  return LlamaModel::from_tensors(c, random_llama_weights(c, seed, init_std));
+}
+
+inline std::unique_ptr<Engine> tiny_engine(std::uint64_t seed = 1, EngineOptions options = {}) {
+  if (options.chat_template.empty()) options.chat_template = "llama-2";
+  return std::make_unique<Engine>(tiny_model(seed),
+                                  load_sentencepiece_tokenizer(tiny_tokenizer_path()), options);
+}
+
+}  // namespace promptcache::test
