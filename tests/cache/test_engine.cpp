@@ -1,0 +1,175 @@
+// Store accounting, compiler behaviour, assembler buffer reuse and errors, and unions +
+// parameters end to end on stories260K.
+#include "support/catch_torch.hpp"
+
+#include "promptcache/cache/assembler.hpp"
+#include "promptcache/cache/compiler.hpp"
+#include "support/tiny_model.hpp"
+
+using namespace promptcache;
+
+namespace {
+const char* kSchema = R"(<schema name="trip">
+  Plan a trip.
+  <module name="city">The city has a river and a big park.</module>
+  <union scaffold="sunny">
+    <module name="sunny">The weather is warm and sunny.</module>
+    <module name="rainy">It will rain in the evening, take a map and an umbrella.</module>
+  </union>
+  <module name="live" cache="false">Today is a new day.</module>
+  <module name="who">The guide is <parameter name="guide" length="4" scaffold="Tom"/> today.</module>
+</schema>)";
+}  // namespace
+
+TEST_CASE("store byte accounting is exactly 2 x layers x kv_heads x head_dim x dtype", "[cache]") {
+  auto engine = test::tiny_engine();
+  const auto& layout = engine->add_schema_string(kSchema);
+  const auto& c = engine->model().config();
+  const int64_t per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4;
+  int64_t stored_tokens = 0;
+  for (std::size_t s = 0; s < layout.spans.size(); ++s) {
+    const auto* st = engine->store().find("trip", s);
+    if (layout.spans[s].cacheable) {
+      REQUIRE(st != nullptr);
+      CHECK(st->length() == static_cast<int64_t>(layout.spans[s].size()));
+      CHECK(st->begin == static_cast<int64_t>(layout.spans[s].begin));
+      stored_tokens += st->length();
+    } else {
+      CHECK(st == nullptr);  // parameter slots and cache="false" spans are never stored
+    }
+  }
+  CHECK(engine->store().tokens("trip") == stored_tokens);
+  CHECK(engine->store().bytes("trip") == stored_tokens * per_token);
+  CHECK(engine->store().bytes() == stored_tokens * per_token);
+  CHECK(engine->compile_report("trip").tokens_stored == stored_tokens);
+  KVCache kv = engine->model().make_cache(1);
+  CHECK(kv.bytes_per_token() == per_token);
+}
+
+TEST_CASE("compiler shares the scaffold prefix and reports progress", "[cache]") {
+  auto model = test::tiny_model();
+  auto tok = load_sentencepiece_tokenizer(test::tiny_tokenizer_path());
+  const auto layout =
+      pml::layout(pml::parse_schema_string(kSchema), *tok, pml::chat_template("plain"));
+  CacheStore store;
+  std::vector<CompileProgress> seen;
+  CompileOptions options;
+  options.on_progress = [&](const CompileProgress& p) { seen.push_back(p); };
+  const auto report = ModuleCompiler(*model).compile(layout, store, options);
+  CHECK(report.passes == 2);  // scaffold pass + the "rainy" member pass
+  REQUIRE(seen.size() == 2);
+  CHECK(seen.back().pass == 2);
+  CHECK(seen.back().tokens_done == seen.back().tokens_total);
+  // The rainy pass reuses everything before the union, so fewer tokens run than passes hold.
+  CHECK(report.tokens_run < seen.back().tokens_total);
+  // States of the rainy member equal a direct causal forward over its context.
+  const auto& rainy = layout.module("rainy");
+  const auto& span = layout.spans[rainy.spans[0]];
+  KVCache direct = model->make_cache(64);
+  std::vector<int64_t> ids, pos;
+  for (std::size_t s : encoding_context(layout, rainy.spans[0], EncodingMode::kScaffold)) {
+    for (std::size_t t = 0; t < layout.spans[s].size(); ++t) {
+      ids.push_back(layout.spans[s].tokens[t]);
+      pos.push_back(static_cast<int64_t>(layout.spans[s].begin + t));
+    }
+  }
+  const auto context = static_cast<int64_t>(ids.size());
+  for (std::size_t t = 0; t < span.size(); ++t) {
+    ids.push_back(span.tokens[t]);
+    pos.push_back(static_cast<int64_t>(span.begin + t));
+  }
+  model->forward(torch::tensor(ids).unsqueeze(0), torch::tensor(pos).unsqueeze(0), direct);
+  const auto* st = store.find("trip", rainy.spans[0]);
+  REQUIRE(st != nullptr);
+  for (int64_t l = 0; l < direct.layers(); ++l) {
+    auto k = direct.key_slots(l, context, st->length())[0];
+    CHECK((k - st->k[l]).abs().max().item<double>() < 1e-5);
+  }
+}
+
+TEST_CASE("assembler reuses its buffer and rejects uncompiled schemas", "[cache]") {
+  auto engine = test::tiny_engine();
+  engine->add_schema_string(kSchema);
+  const auto& layout = engine->layout("trip");
+  KVCache cache = engine->model().make_cache(0);
+  const auto r1 = engine->resolve(pml::parse_prompt_string(
+      R"(<prompt schema="trip"><city/><rainy/><live/><who guide="Anna"/>Where do we go?</prompt>)"));
+  const auto a1 = Assembler().assemble(r1, layout, engine->store(), cache, 16);
+  const int64_t capacity = cache.capacity();
+  // Fresh: the cache="false" module, the argument, the question; in document order.
+  const auto& live = layout.spans[layout.module("live").spans[0]];
+  CHECK(std::find(a1.fresh_positions.begin(), a1.fresh_positions.end(),
+                  static_cast<int64_t>(live.begin)) != a1.fresh_positions.end());
+  CHECK(a1.cached_tokens == cache.length());
+  CHECK(a1.kv_bytes == a1.cached_tokens * cache.bytes_per_token());
+  // Rainy's positions are in the cache; sunny's are not.
+  const auto& rainy = layout.spans[layout.module("rainy").spans[0]];
+  const auto& positions = cache.positions();
+  CHECK(std::find(positions.begin(), positions.end(), static_cast<int64_t>(rainy.begin)) !=
+        positions.end());
+  const auto r2 =
+      engine->resolve(pml::parse_prompt_string(R"(<prompt schema="trip"><city/>Hi</prompt>)"));
+  Assembler().assemble(r2, layout, engine->store(), cache, 16);
+  CHECK(cache.capacity() == capacity);  // smaller prompt: same buffer, no reallocation
+
+  CacheStore empty;
+  CHECK_THROWS_WITH(Assembler().assemble(r1, layout, empty, cache, 0),
+                    Catch::Contains("compile the schema"));
+  CHECK_THROWS_WITH(engine->generate_xml(R"(<prompt schema="nope">x</prompt>)"),
+                    Catch::Contains("nope") && Catch::Contains("trip"));
+}
+
+TEST_CASE("cached generation with unions and parameters on the tiny model", "[cache]") {
+  auto engine = test::tiny_engine();
+  engine->add_schema_string(kSchema);
+  SamplingParams greedy;
+  greedy.max_new_tokens = 8;
+  greedy.stop_at_eos = false;
+  const auto r = engine->generate_xml(
+      R"(<prompt schema="trip"><city/><rainy/><who guide="Anna"/>Where do we go?</prompt>)",
+      greedy);
+  CHECK(r.tokens.size() == 8);
+  CHECK(r.cached_tokens > 0);
+  CHECK(r.timings.ttft_ms > 0);
+  CHECK(r.timings.assembly_ms >= 0);
+  // Sampling with a seed is repeatable through the engine as well.
+  SamplingParams sampled = greedy;
+  sampled.temperature = 0.8f;
+  sampled.seed = 5;
+  const auto s1 = engine->generate_xml(R"(<prompt schema="trip"><city/>Go</prompt>)", sampled);
+  const auto s2 = engine->generate_xml(R"(<prompt schema="trip"><city/>Go</prompt>)", sampled);
+  CHECK(s1.tokens == s2.tokens);
+}
+
+TEST_CASE("stories260K: a union of openings and a character parameter", "[cache][stories260k]") {
+  if (!test::have_stories260k()) {
+    WARN("SKIPPED: " << test::stories260k_dir() << " is absent");
+    return;
+  }
+  EngineOptions options;
+  options.chat_template = "plain";
+  auto engine = Engine::open(test::stories260k_dir(), options);
+  engine->add_schema_string(R"(<schema name="tales">
+    <union scaffold="park">
+      <module name="park">Once upon a time, there was a little girl who loved to play in the park.</module>
+      <module name="sea">Once upon a time, a boy lived in a small house by the sea.</module>
+      <module name="forest">Once upon a time, in a big green forest, there lived a little bird.</module>
+    </union>
+    <module name="hero">One day, <parameter name="name" length="6" scaffold="Lily"/> went outside.</module>
+  </schema>)");
+  SamplingParams greedy;
+  greedy.max_new_tokens = 40;
+  std::vector<std::string> outputs;
+  for (const char* opening : {"park", "sea", "forest"}) {
+    const std::string prompt = std::string("<prompt schema=\"tales\"><") + opening +
+                               "/><hero name=\"Ben\"/> Then</prompt>";
+    const auto r = engine->generate_xml(prompt, greedy);
+    WARN(opening << ": " << r.text << "  [cached " << r.cached_tokens << ", fresh "
+                 << r.fresh_tokens << ", TTFT " << r.timings.ttft_ms << " ms]");
+    CHECK(r.tokens.size() > 5);
+    CHECK(r.cached_tokens > 10);
+    outputs.push_back(r.text);
+  }
+  // Different openings lead to different stories.
+  CHECK((outputs[0] != outputs[1] || outputs[1] != outputs[2]));
+}
