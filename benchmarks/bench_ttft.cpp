@@ -6,7 +6,8 @@
 // assembly time and its bandwidth next to a plain memcpy of the same bytes measured in the run.
 //
 //   build/benchmarks/bench_ttft [--schema 512,1024,2048,4096] [--fresh 16,64] [--repeats 3]
-//                               [--threads N] [--shape bench-small]
+//                               [--threads N] [--shape bench-small] [--device cpu|cuda]
+//                               [--dtype f32|f16|bf16]
 #include <torch/types.h>
 
 #include <cstring>
@@ -72,7 +73,7 @@ int main(int argc, char** argv) {
   std::vector<int> schema_sizes = {512, 1024, 2048, 4096};
   std::vector<int> fresh_sizes = {16, 64};
   int repeats = 3, threads = 0;
-  std::string shape = "bench-small";
+  std::string shape = "bench-small", device = "cpu", dtype = "f32";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--schema")
@@ -97,7 +98,9 @@ int main(int argc, char** argv) {
   train_sentencepiece_tokenizer(builtin_corpus(), 400, tok_path);
   EngineOptions options;
   options.chat_template = "plain";
-  Engine engine(LlamaModel::from_tensors(config, random_llama_weights(config, 1, 0.02)),
+  options.load.device = parse_device(device);
+  options.load.dtype = parse_dtype(dtype);
+  Engine engine(LlamaModel::from_tensors(config, random_llama_weights(config, 1, 0.02), options.load),
                 load_sentencepiece_tokenizer(tok_path), options);
   const auto words = corpus_words();
   const int module_tokens = 128;
@@ -162,6 +165,8 @@ int main(int argc, char** argv) {
                           {"assembly_to_memcpy", memcpy_ms / assembly_ms},
                           {"compile_ms", compile_ms},
                           {"same_first_token", cached.tokens == uncached.tokens},
+          {"device", device},
+          {"dtype", dtype},
                           {"threads", applied.blas_threads},
                           {"torch_threads", applied.torch_threads}};
       std::cout << j.dump() << std::endl;

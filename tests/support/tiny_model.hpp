@@ -2,6 +2,7 @@
 // once per test process.
 #pragma once
 
+#include <cstdlib>
 #include <memory>
 
 #include "promptcache/builtin_data.hpp"
@@ -27,9 +28,17 @@ inline ModelConfig tiny_config() {
   return c;
 }
 
+// PROMPTCACHE_TEST_DEVICE (cpu, cuda) runs the engine and contract suites on another device
+// (scripts/gpu-check.sh sets it); the tolerances are those of f32.
+inline LoadOptions test_load_options() {
+  LoadOptions o;
+  if (const char* d = std::getenv("PROMPTCACHE_TEST_DEVICE")) o.device = parse_device(d);
+  return o;
+}
+
 inline std::unique_ptr<LlamaModel> tiny_model(std::uint64_t seed = 1, double init_std = 0.15) {
   const ModelConfig c = tiny_config();
-  return LlamaModel::from_tensors(c, random_llama_weights(c, seed, init_std));
+  return LlamaModel::from_tensors(c, random_llama_weights(c, seed, init_std), test_load_options());
 }
 
 inline std::unique_ptr<Engine> tiny_engine(std::uint64_t seed = 1, EngineOptions options = {}) {

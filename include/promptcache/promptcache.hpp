@@ -1,0 +1,22 @@
+// promptcache/promptcache.hpp — the umbrella header: everything an application needs.
+#pragma once
+
+#include "promptcache/cache/assembler.hpp"
+#include "promptcache/cache/compiler.hpp"
+#include "promptcache/cache/store.hpp"
+#include "promptcache/engine.hpp"
+#include "promptcache/error.hpp"
+#include "promptcache/generation.hpp"
+#include "promptcache/model/config.hpp"
+#include "promptcache/model/kv_cache.hpp"
+#include "promptcache/model/llama.hpp"
+#include "promptcache/model/safetensors.hpp"
+#include "promptcache/model/synthetic.hpp"
+#include "promptcache/model/threads.hpp"
+#include "promptcache/model/tokenizer.hpp"
+#include "promptcache/pml/chat_template.hpp"
+#include "promptcache/pml/layout.hpp"
+#include "promptcache/pml/prompt.hpp"
+#include "promptcache/pml/render.hpp"
+#include "promptcache/pml/schema.hpp"
+#include "promptcache/sampling.hpp"
