@@ -193,7 +193,7 @@ std::pair<torch::Tensor, torch::Tensor> LlamaModel::rope_tables(
 
 torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const torch::Tensor& x,
                                     const torch::Tensor& cos, const torch::Tensor& sin,
-                                    KVCache& cache, const torch::Tensor& mask) const {
+                                    KVCache& cache, const torch::Tensor& mask, bool causal) const {
   const int64_t b = x.size(0), n = x.size(1), d = config_.head_dim;
   const int64_t hq = config_.num_attention_heads, hkv = config_.num_key_value_heads;
   const int64_t groups = hq / hkv;
@@ -208,21 +208,39 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
   auto values = cache.value_slots(index, 0, total);
   // Grouped-query attention without copying K/V: the query heads that share a KV head are
   // stacked along the row axis, so one matmul per KV head serves the whole group.
-  auto qg = q.reshape({b, hkv, groups * n, d});
   torch::Tensor out;
 #if TORCH_VERSION_MAJOR >= 2
+  auto qg = q.reshape({b, hkv, groups * n, d});
   torch::Tensor grouped_mask;
   if (mask.defined()) grouped_mask = mask.repeat({groups, 1});
   out = at::scaled_dot_product_attention(qg, keys, values, grouped_mask);
 #else
-  auto scores = torch::matmul(qg, keys.transpose(-1, -2));
-  if (scores.scalar_type() != torch::kFloat32) scores = scores.to(torch::kFloat32);
-  scores.mul_(1.0 / std::sqrt(static_cast<double>(d)));
-  if (mask.defined()) {
-    scores.view({b, hkv, groups, n, total})
-        .masked_fill_(mask.logical_not(), -std::numeric_limits<float>::infinity());
+  // Queries go in blocks: score memory stays bounded, and under the causal rule a block needs
+  // only the keys up to its own last row (half the work of a full square for a long prefill).
+  constexpr int64_t kBlock = 256;
+  const int64_t past = total - n;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  if (n > kBlock) out = torch::empty({b, hq, n, d}, q.options());
+  for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+    const int64_t rows = std::min(kBlock, n - i0);
+    const int64_t visible = causal ? past + i0 + rows : total;
+    auto qb = q.narrow(2, i0, rows).reshape({b, hkv, groups * rows, d});
+    auto scores = torch::matmul(qb, keys.narrow(2, 0, visible).transpose(-1, -2));
+    if (scores.scalar_type() != torch::kFloat32) scores = scores.to(torch::kFloat32);
+    scores.mul_(scale);
+    if (mask.defined()) {
+      scores.view({b, hkv, groups, rows, visible})
+          .masked_fill_(mask.narrow(0, i0, rows).narrow(1, 0, visible).logical_not(),
+                        -std::numeric_limits<float>::infinity());
+    }
+    auto block =
+        torch::matmul(scores.softmax(-1).to(values.scalar_type()), values.narrow(2, 0, visible));
+    if (n <= kBlock) {
+      out = block;
+    } else {
+      out.narrow(2, i0, rows).copy_(block.view({b, hq, rows, d}));
+    }
   }
-  out = torch::matmul(scores.softmax(-1).to(values.scalar_type()), values);
 #endif
   out = out.view({b, hq, n, d}).transpose(1, 2).reshape({b, n, hq * d});
   return torch::linear(out, layer.wo);
@@ -273,7 +291,8 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     const Layer& layer = layers_[i];
     x = x + attention(layer, static_cast<int64_t>(i),
-                      rms_norm(x, layer.input_norm, config_.rms_norm_eps), cos, sin, cache, mask);
+                      rms_norm(x, layer.input_norm, config_.rms_norm_eps), cos, sin, cache, mask,
+                      /*causal=*/!options.attention_mask.defined());
     auto h = rms_norm(x, layer.post_norm, config_.rms_norm_eps);
     x = x +
         torch::linear(torch::silu(torch::linear(h, layer.w_gate)) * torch::linear(h, layer.w_up),
