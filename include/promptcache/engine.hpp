@@ -16,6 +16,7 @@
 #include <string>
 
 #include "promptcache/cache/assembler.hpp"
+#include "promptcache/cache/cache_file.hpp"
 #include "promptcache/cache/compiler.hpp"
 #include "promptcache/cache/store.hpp"
 #include "promptcache/generation.hpp"
@@ -65,10 +66,14 @@ class Engine {
   static std::unique_ptr<Engine> open(const std::string& model_dir, EngineOptions options = {});
 
   using ProgressCallback = std::function<void(const std::string& schema, const CompileProgress&)>;
-  // Parses, lays out and compiles a schema; replaces a schema of the same name.
-  const pml::Layout& add_schema(const pml::Schema& schema, const ProgressCallback& progress = {});
-  const pml::Layout& add_schema_file(const std::string& path,
-                                     const ProgressCallback& progress = {});
+  // Parses, lays out and compiles a schema; replaces a schema of the same name. With a
+  // cache_file the states are loaded from it when it matches this schema layout, model, dtype
+  // and encoding mode, and compiled then saved to it otherwise (a stale file is replaced, a
+  // corrupt one is an error and left alone). compile_report().source tells which happened.
+  const pml::Layout& add_schema(const pml::Schema& schema, const ProgressCallback& progress = {},
+                                const std::string& cache_file = "");
+  const pml::Layout& add_schema_file(const std::string& path, const ProgressCallback& progress = {},
+                                     const std::string& cache_file = "");
   const pml::Layout& add_schema_string(const std::string& xml,
                                        const std::string& origin = "<string>",
                                        const std::string& base_dir = "",

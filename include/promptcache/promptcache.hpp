@@ -2,6 +2,7 @@
 #pragma once
 
 #include "promptcache/cache/assembler.hpp"
+#include "promptcache/cache/cache_file.hpp"
 #include "promptcache/cache/compiler.hpp"
 #include "promptcache/cache/store.hpp"
 #include "promptcache/engine.hpp"

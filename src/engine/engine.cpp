@@ -33,23 +33,47 @@ pml::Layout Engine::layout_only(const pml::Schema& schema) const {
   return pml::layout(schema, *tokenizer_, template_);
 }
 
-const pml::Layout& Engine::add_schema(const pml::Schema& schema, const ProgressCallback& progress) {
+const pml::Layout& Engine::add_schema(const pml::Schema& schema, const ProgressCallback& progress,
+                                      const std::string& cache_file) {
   SchemaEntry entry{layout_only(schema), {}};
-  CompileOptions options;
-  options.mode = options_.encoding;
-  options.chunk_tokens = options_.compile_chunk_tokens;
-  if (progress) {
-    options.on_progress = [&](const CompileProgress& p) { progress(schema.name, p); };
+  std::string stale;
+  if (!cache_file.empty() && std::filesystem::exists(cache_file)) {
+    const double start = now_ms();
+    try {
+      load_cache_file(cache_file, entry.layout, store_, *model_, options_.encoding);
+      entry.report.source = "loaded from " + cache_file;
+      entry.report.tokens_stored = store_.tokens(schema.name);
+      entry.report.bytes = store_.bytes(schema.name);
+      entry.report.ms = now_ms() - start;
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::kCacheFile) throw;  // corrupt: the user should look at it
+      stale = e.message();
+    }
   }
-  entry.report = ModuleCompiler(*model_).compile(entry.layout, store_, options);
+  if (entry.report.source == "compiled") {
+    CompileOptions options;
+    options.mode = options_.encoding;
+    options.chunk_tokens = options_.compile_chunk_tokens;
+    if (progress) {
+      options.on_progress = [&](const CompileProgress& p) { progress(schema.name, p); };
+    }
+    entry.report = ModuleCompiler(*model_).compile(entry.layout, store_, options);
+    if (!cache_file.empty() && !store_.spans_of(schema.name).empty()) {
+      save_cache_file(cache_file, entry.layout, store_, *model_, options_.encoding);
+      entry.report.source = stale.empty()
+                                ? "compiled, saved to " + cache_file
+                                : cache_file + " was stale (" + stale + "); compiled and saved";
+    }
+  }
   auto& slot = schemas_[schema.name];
   slot = std::move(entry);
   return slot.layout;
 }
 
 const pml::Layout& Engine::add_schema_file(const std::string& path,
-                                           const ProgressCallback& progress) {
-  return add_schema(pml::parse_schema_file(path), progress);
+                                           const ProgressCallback& progress,
+                                           const std::string& cache_file) {
+  return add_schema(pml::parse_schema_file(path), progress, cache_file);
 }
 
 const pml::Layout& Engine::add_schema_string(const std::string& xml, const std::string& origin,

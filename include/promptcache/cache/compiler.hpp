@@ -43,6 +43,9 @@ struct CompileReport {
   int64_t tokens_stored = 0;  // tokens whose states went into the store
   int64_t bytes = 0;
   double ms = 0;
+  // How the states came to be: "compiled", or with a cache file "loaded from FILE",
+  // "compiled, saved to FILE", "FILE was stale (REASON); compiled and saved".
+  std::string source = "compiled";
 };
 
 // One encoding pass: the spans it runs (in order) and the spans whose states it keeps.

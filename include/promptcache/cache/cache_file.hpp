@@ -1,0 +1,32 @@
+// promptcache/cache/cache_file.hpp — compiled module states on disk.
+//
+// A cache file is a safetensors file: tensors "span.<index>.k" / "span.<index>.v" of shape
+// [layers, kv_heads, n, head_dim], and metadata that pins what the states are valid for — the
+// schema's layout (a fingerprint of every span's tokens and positions), the model (config and
+// sampled weights), the dtype and the encoding mode. Loading checks all of it, so a file from
+// another schema version, model or mode is refused with an error instead of giving a wrong cache.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "promptcache/cache/compiler.hpp"
+#include "promptcache/cache/store.hpp"
+#include "promptcache/model/llama.hpp"
+#include "promptcache/pml/layout.hpp"
+
+namespace promptcache {
+
+// A stable hash of everything the states depend on in the layout.
+std::string layout_fingerprint(const pml::Layout& layout);
+
+void save_cache_file(const std::string& path, const pml::Layout& layout, const CacheStore& store,
+                     const LlamaModel& model, EncodingMode mode);
+
+// Loads the states of `layout` into the store (on the model's device). Error(kCacheFile) naming
+// the file when it does not belong to this schema layout, model, dtype or mode, or when a span's
+// tensors are missing or mis-shaped; Error(kSafetensors) when the file itself is malformed.
+void load_cache_file(const std::string& path, const pml::Layout& layout, CacheStore& store,
+                     const LlamaModel& model, EncodingMode mode);
+
+}  // namespace promptcache

@@ -1,0 +1,105 @@
+// Compiled states on disk: round trip, stale files recompiled, corrupt files refused.
+#include "support/catch_torch.hpp"
+
+#include <fstream>
+
+#include "promptcache/cache/cache_file.hpp"
+#include "promptcache/model/safetensors.hpp"
+#include "support/tiny_model.hpp"
+
+using namespace promptcache;
+
+namespace {
+const char* kSchema = R"(<schema name="kb">
+  <module name="a">The river flows from the mountains to the sea.</module>
+  <union scaffold="b"><module name="b">Paris is the capital of France.</module>
+    <module name="c">Tokyo is the capital of Japan.</module></union>
+</schema>)";
+const char* kPrompt = R"(<prompt schema="kb"><a/><c/>What is the capital?</prompt>)";
+}  // namespace
+
+TEST_CASE("cache file round trip gives the same answer without compiling", "[cache][file]") {
+  test::TempDir dir;
+  const std::string file = dir.file("kb.states");
+  SamplingParams greedy;
+  greedy.max_new_tokens = 6;
+  greedy.stop_at_eos = false;
+  auto first = test::tiny_engine(3);
+  first->add_schema(pml::parse_schema_string(kSchema), {}, file);
+  CHECK_THAT(first->compile_report("kb").source, Catch::StartsWith("compiled, saved"));
+  const auto expected = first->generate_xml(kPrompt, greedy);
+
+  auto second = test::tiny_engine(3);
+  bool compiled = false;
+  second->add_schema(
+      pml::parse_schema_string(kSchema),
+      [&](const std::string&, const CompileProgress&) { compiled = true; }, file);
+  CHECK_FALSE(compiled);
+  CHECK_THAT(second->compile_report("kb").source, Catch::StartsWith("loaded from"));
+  CHECK(second->store().bytes("kb") == first->store().bytes("kb"));
+  const auto got = second->generate_xml(kPrompt, greedy);
+  CHECK(got.tokens == expected.tokens);
+  // The states themselves are identical.
+  for (const auto& [span, states] : first->store().spans_of("kb")) {
+    const auto* other = second->store().find("kb", span);
+    REQUIRE(other != nullptr);
+    CHECK(torch::equal(states.k, other->k));
+    CHECK(torch::equal(states.v, other->v));
+  }
+}
+
+TEST_CASE("a stale cache file is recompiled, never used", "[cache][file]") {
+  test::TempDir dir;
+  const std::string file = dir.file("kb.states");
+  test::tiny_engine(3)->add_schema(pml::parse_schema_string(kSchema), {}, file);
+  // Another model (other weights): refused by fingerprint, recompiled, replaced.
+  auto other_model = test::tiny_engine(4);
+  other_model->add_schema(pml::parse_schema_string(kSchema), {}, file);
+  CHECK_THAT(other_model->compile_report("kb").source,
+             Catch::Contains("stale") && Catch::Contains("another model"));
+  // Another version of the schema text.
+  std::string edited = kSchema;
+  edited.replace(edited.find("Paris"), 5, "Rome!");
+  auto engine = test::tiny_engine(4);
+  engine->add_schema(pml::parse_schema_string(edited), {}, file);
+  CHECK_THAT(engine->compile_report("kb").source, Catch::Contains("another version"));
+  // Loading by hand names the file.
+  CacheStore store;
+  const auto layout = engine->layout_only(pml::parse_schema_string(kSchema));
+  try {
+    load_cache_file(file, layout, store, engine->model(), EncodingMode::kScaffold);
+    FAIL("expected an error");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::kCacheFile);
+    CHECK_THAT(e.what(), Catch::Contains(file));
+  }
+  CHECK_THROWS_WITH(
+      load_cache_file(file, engine->layout("kb"), store, engine->model(), EncodingMode::kIsolated),
+      Catch::Contains("encoding mode"));
+}
+
+TEST_CASE("corrupt or foreign cache files give clear errors", "[cache][file]") {
+  test::TempDir dir;
+  auto engine = test::tiny_engine(3);
+  const std::string file = dir.file("kb.states");
+  engine->add_schema(pml::parse_schema_string(kSchema), {}, file);
+  // Truncate it: the safetensors reader refuses it, and the engine does not overwrite it.
+  const auto size = std::filesystem::file_size(file);
+  std::filesystem::resize_file(file, size / 2);
+  auto again = test::tiny_engine(3);
+  try {
+    again->add_schema(pml::parse_schema_string(kSchema), {}, file);
+    FAIL("expected an error");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::kSafetensors);
+    CHECK_THAT(e.what(), Catch::Contains(file));
+  }
+  CHECK(std::filesystem::file_size(file) == size / 2);
+  // A valid safetensors file that is not a states file.
+  const std::string foreign = dir.file("weights.safetensors");
+  write_safetensors(foreign, {{"x", torch::zeros({2})}});
+  CacheStore store;
+  CHECK_THROWS_WITH(load_cache_file(foreign, engine->layout("kb"), store, engine->model(),
+                                    EncodingMode::kScaffold),
+                    Catch::Contains("not a promptcache states file") && Catch::Contains(foreign));
+}
