@@ -100,8 +100,9 @@ int main(int argc, char** argv) {
   options.chat_template = "plain";
   options.load.device = parse_device(device);
   options.load.dtype = parse_dtype(dtype);
-  Engine engine(LlamaModel::from_tensors(config, random_llama_weights(config, 1, 0.02), options.load),
-                load_sentencepiece_tokenizer(tok_path), options);
+  Engine engine(
+      LlamaModel::from_tensors(config, random_llama_weights(config, 1, 0.02), options.load),
+      load_sentencepiece_tokenizer(tok_path), options);
   const auto words = corpus_words();
   const int module_tokens = 128;
 
@@ -165,8 +166,8 @@ int main(int argc, char** argv) {
                           {"assembly_to_memcpy", memcpy_ms / assembly_ms},
                           {"compile_ms", compile_ms},
                           {"same_first_token", cached.tokens == uncached.tokens},
-          {"device", device},
-          {"dtype", dtype},
+                          {"device", device},
+                          {"dtype", dtype},
                           {"threads", applied.blas_threads},
                           {"torch_threads", applied.torch_threads}};
       std::cout << j.dump() << std::endl;

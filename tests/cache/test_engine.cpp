@@ -142,13 +142,8 @@ TEST_CASE("cached generation with unions and parameters on the tiny model", "[ca
 }
 
 TEST_CASE("stories260K: a union of openings and a character parameter", "[cache][stories260k]") {
-  if (!test::have_stories260k()) {
-    WARN("SKIPPED: " << test::stories260k_dir() << " is absent");
-    return;
-  }
-  EngineOptions options;
-  options.chat_template = "plain";
-  auto engine = Engine::open(test::stories260k_dir(), options);
+  auto engine = test::stories260k_engine_or_skip();
+  if (!engine) return;
   engine->add_schema_string(R"(<schema name="tales">
     <union scaffold="park">
       <module name="park">Once upon a time, there was a little girl who loved to play in the park.</module>

@@ -59,13 +59,8 @@ TEST_CASE("prefix-exact on a tiny random model", "[contract][prefix]") {
 }
 
 TEST_CASE("prefix-exact on stories260K", "[contract][prefix][stories260k]") {
-  if (!test::have_stories260k()) {
-    WARN("SKIPPED: " << test::stories260k_dir() << " is absent");
-    return;
-  }
-  EngineOptions options;
-  options.chat_template = "plain";
-  auto engine = Engine::open(test::stories260k_dir(), options);
+  auto engine = test::stories260k_engine_or_skip();
+  if (!engine) return;
   engine->add_schema_string(R"(<schema name="tale">
     <module name="opening">Once upon a time, there was a little girl named Lily.</module>
     <module name="middle">She loved to play outside in the park.</module>

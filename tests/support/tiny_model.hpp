@@ -8,6 +8,7 @@
 #include "promptcache/builtin_data.hpp"
 #include "promptcache/engine.hpp"
 #include "promptcache/model/synthetic.hpp"
+#include "support/catch_torch.hpp"
 #include "support/test_support.hpp"
 
 namespace promptcache::test {
@@ -45,6 +46,19 @@ inline std::unique_ptr<Engine> tiny_engine(std::uint64_t seed = 1, EngineOptions
   if (options.chat_template.empty()) options.chat_template = "llama-2";
   return std::make_unique<Engine>(tiny_model(seed),
                                   load_sentencepiece_tokenizer(tiny_tokenizer_path()), options);
+}
+
+// The engine on the real stories260K model (plain chat template), or nullptr after a WARN that
+// says the test is skipped because the model folder is absent.
+inline std::unique_ptr<Engine> stories260k_engine_or_skip() {
+  if (!have_stories260k()) {
+    WARN("SKIPPED: " << stories260k_dir() << " is absent; this test needs the real model");
+    return nullptr;
+  }
+  EngineOptions options;
+  options.chat_template = "plain";
+  options.load = test_load_options();
+  return Engine::open(stories260k_dir(), options);
 }
 
 }  // namespace promptcache::test
