@@ -1,0 +1,302 @@
+// config.cpp — HF config.json parsing and writing for the Llama family.
+#include "promptcache/model/config.hpp"
+
+#include "promptcache/error.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <sstream>
+
+namespace promptcache {
+namespace {
+
+using json = nlohmann::json;
+
+struct Arch {
+  const char* architecture;
+  const char* model_type;
+};
+const Arch kArchitectures[] = {{"LlamaForCausalLM", "llama"}, {"MistralForCausalLM", "mistral"}};
+
+std::string supported_architectures() {
+  std::string out;
+  for (const auto& a : kArchitectures) {
+    if (!out.empty()) out += ", ";
+    out += a.architecture;
+  }
+  return out;
+}
+
+[[noreturn]] void fail(const std::string& origin, const std::string& message) {
+  throw Error(ErrorKind::kModel, message, SourceLocation{origin, 0, 0, {}});
+}
+
+class Reader {
+ public:
+  Reader(const json& j, std::string origin) : j_(j), origin_(std::move(origin)) {}
+
+  // Present and not null.
+  bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
+
+  int64_t integer(const char* key, const json& v) const {
+    if (!v.is_number_integer()) type_error(key, "an integer", v);
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+      fail(origin_, std::string("field '") + key + "' is out of range");
+    }
+    return v.get<int64_t>();
+  }
+  int64_t integer(const char* key) const {
+    if (!has(key)) fail(origin_, std::string("missing required field '") + key + "'");
+    return integer(key, j_[key]);
+  }
+  int64_t integer(const char* key, int64_t fallback) const {
+    return has(key) ? integer(key, j_[key]) : fallback;
+  }
+  double number(const char* key, const json& v) const {
+    if (!v.is_number()) type_error(key, "a number", v);
+    return v.get<double>();
+  }
+  double number(const char* key, double fallback) const {
+    return has(key) ? number(key, j_[key]) : fallback;
+  }
+  bool boolean(const char* key, bool fallback) const {
+    if (!has(key)) return fallback;
+    if (!j_[key].is_boolean()) type_error(key, "a boolean", j_[key]);
+    return j_[key].get<bool>();
+  }
+  std::string string(const char* key, const std::string& fallback) const {
+    if (!has(key)) return fallback;
+    if (!j_[key].is_string()) type_error(key, "a string", j_[key]);
+    return j_[key].get<std::string>();
+  }
+  [[noreturn]] void type_error(const std::string& key, const char* expected, const json& v) const {
+    fail(origin_, "field '" + key + "' must be " + expected + ", got " + v.type_name());
+  }
+  const json& operator[](const char* key) const { return j_[key]; }
+
+ private:
+  const json& j_;
+  std::string origin_;
+};
+
+RopeScaling parse_rope_scaling(const json& v, const std::string& origin) {
+  RopeScaling rs;
+  if (v.is_null()) return rs;
+  if (!v.is_object()) {
+    fail(origin,
+         std::string("field 'rope_scaling' must be an object or null, got ") + v.type_name());
+  }
+  Reader r(v, origin);
+  std::string type = r.string("rope_type", "");
+  if (type.empty()) type = r.string("type", "");
+  if (type.empty()) fail(origin, "field 'rope_scaling' needs a 'rope_type' (or 'type')");
+  auto need_number = [&](const char* key) {
+    if (!r.has(key))
+      fail(origin, std::string("field 'rope_scaling.") + key + "' is required for " + type);
+    return r.number(key, r[key]);
+  };
+  if (type == "default") return rs;
+  if (type == "linear") {
+    rs.type = RopeScaling::Type::kLinear;
+    rs.factor = need_number("factor");
+  } else if (type == "llama3") {
+    rs.type = RopeScaling::Type::kLlama3;
+    rs.factor = need_number("factor");
+    rs.low_freq_factor = need_number("low_freq_factor");
+    rs.high_freq_factor = need_number("high_freq_factor");
+    if (!r.has("original_max_position_embeddings")) {
+      fail(origin, "field 'rope_scaling.original_max_position_embeddings' is required for llama3");
+    }
+    rs.original_max_position_embeddings = r.integer("original_max_position_embeddings");
+  } else {
+    fail(origin, "field 'rope_scaling' has unsupported type '" + type +
+                     "' (supported: default, linear, llama3)");
+  }
+  return rs;
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::from_json_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(ErrorKind::kIo, "cannot read model config", SourceLocation{path, 0, 0, {}});
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return from_json_string(ss.str(), path);
+}
+
+ModelConfig ModelConfig::from_json_string(const std::string& text, const std::string& origin) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    fail(origin, std::string("config is not valid JSON: ") + e.what());
+  }
+  if (!j.is_object())
+    fail(origin, std::string("config must be a JSON object, got ") + j.type_name());
+  Reader r(j, origin);
+  ModelConfig c;
+
+  // Architecture: the first entry of "architectures", else inferred from model_type.
+  const std::string model_type = r.string("model_type", "");
+  std::string arch;
+  if (r.has("architectures")) {
+    const json& a = j["architectures"];
+    if (!a.is_array() || a.empty() || !a[0].is_string()) {
+      fail(origin, "field 'architectures' must be a non-empty list of strings");
+    }
+    arch = a[0].get<std::string>();
+  } else {
+    for (const auto& k : kArchitectures) {
+      if (model_type == k.model_type) arch = k.architecture;
+    }
+    if (arch.empty()) {
+      fail(origin, "missing field 'architectures' (and model_type '" + model_type +
+                       "' is not one of llama, mistral)");
+    }
+  }
+  const Arch* known = nullptr;
+  for (const auto& k : kArchitectures) {
+    if (arch == k.architecture) known = &k;
+  }
+  if (!known) {
+    fail(origin, "field 'architectures': unsupported architecture '" + arch +
+                     "' (supported: " + supported_architectures() + ")");
+  }
+  c.architecture = known->architecture;
+  c.model_type = model_type.empty() ? known->model_type : model_type;
+
+  c.hidden_size = r.integer("hidden_size");
+  c.intermediate_size = r.integer("intermediate_size");
+  c.num_hidden_layers = r.integer("num_hidden_layers");
+  c.num_attention_heads = r.integer("num_attention_heads");
+  c.vocab_size = r.integer("vocab_size");
+  c.num_key_value_heads = r.integer("num_key_value_heads", c.num_attention_heads);
+  if (r.has("head_dim")) {
+    c.head_dim = r.integer("head_dim");
+  } else {
+    if (c.num_attention_heads <= 0) {
+      fail(origin, "field 'num_attention_heads' must be positive, got " +
+                       std::to_string(c.num_attention_heads));
+    }
+    if (c.hidden_size % c.num_attention_heads != 0) {
+      fail(origin, "field 'num_attention_heads' (" + std::to_string(c.num_attention_heads) +
+                       ") does not divide field 'hidden_size' (" + std::to_string(c.hidden_size) +
+                       ") and no 'head_dim' is given");
+    }
+    c.head_dim = c.hidden_size / c.num_attention_heads;
+  }
+  c.max_position_embeddings = r.integer("max_position_embeddings", c.max_position_embeddings);
+  c.rms_norm_eps = r.number("rms_norm_eps", c.rms_norm_eps);
+  c.rope_theta = r.number("rope_theta", c.rope_theta);
+  if (j.contains("rope_scaling")) c.rope_scaling = parse_rope_scaling(j["rope_scaling"], origin);
+  c.tie_word_embeddings = r.boolean("tie_word_embeddings", c.tie_word_embeddings);
+  c.bos_token_id = r.integer("bos_token_id", c.bos_token_id);
+  if (j.contains("eos_token_id")) {
+    const json& e = j["eos_token_id"];
+    c.eos_token_ids.clear();
+    if (e.is_array()) {
+      for (const json& id : e) c.eos_token_ids.push_back(r.integer("eos_token_id", id));
+    } else if (!e.is_null()) {
+      c.eos_token_ids.push_back(r.integer("eos_token_id", e));
+    }
+  }
+  c.torch_dtype = r.string("torch_dtype", c.torch_dtype);
+  c.chat_template = r.string("promptcache_chat_template", "llama-2");
+  c.validate(origin);
+  return c;
+}
+
+void ModelConfig::validate(const std::string& origin) const {
+  auto positive = [&](const char* field, int64_t v) {
+    if (v <= 0)
+      fail(origin, std::string("field '") + field + "' must be positive, got " + std::to_string(v));
+  };
+  positive("hidden_size", hidden_size);
+  positive("intermediate_size", intermediate_size);
+  positive("num_hidden_layers", num_hidden_layers);
+  positive("num_attention_heads", num_attention_heads);
+  positive("num_key_value_heads", num_key_value_heads);
+  positive("head_dim", head_dim);
+  positive("vocab_size", vocab_size);
+  positive("max_position_embeddings", max_position_embeddings);
+  if (num_attention_heads % num_key_value_heads != 0) {
+    fail(origin, "field 'num_key_value_heads' (" + std::to_string(num_key_value_heads) +
+                     ") does not divide field 'num_attention_heads' (" +
+                     std::to_string(num_attention_heads) + ")");
+  }
+  if (head_dim % 2 != 0) {
+    fail(origin,
+         "field 'head_dim' must be even for rotary embeddings, got " + std::to_string(head_dim));
+  }
+  if (!(rms_norm_eps > 0)) fail(origin, "field 'rms_norm_eps' must be positive");
+  if (!(rope_theta > 0)) fail(origin, "field 'rope_theta' must be positive");
+  if (rope_scaling.type != RopeScaling::Type::kNone && !(rope_scaling.factor > 0)) {
+    fail(origin, "field 'rope_scaling.factor' must be positive");
+  }
+  if (rope_scaling.type == RopeScaling::Type::kLlama3) {
+    if (!(rope_scaling.high_freq_factor > rope_scaling.low_freq_factor)) {
+      fail(origin, "field 'rope_scaling.high_freq_factor' must exceed 'low_freq_factor'");
+    }
+    if (rope_scaling.original_max_position_embeddings <= 0) {
+      fail(origin, "field 'rope_scaling.original_max_position_embeddings' must be positive");
+    }
+  }
+  if (bos_token_id < 0 || bos_token_id >= vocab_size) {
+    fail(origin,
+         "field 'bos_token_id' (" + std::to_string(bos_token_id) + ") is outside the vocabulary");
+  }
+  for (int64_t id : eos_token_ids) {
+    if (id < 0 || id >= vocab_size) {
+      fail(origin, "field 'eos_token_id' (" + std::to_string(id) + ") is outside the vocabulary");
+    }
+  }
+}
+
+std::string ModelConfig::to_json_string() const {
+  json j = json::object();
+  j["architectures"] = json::array({architecture});
+  j["model_type"] = model_type;
+  j["hidden_size"] = hidden_size;
+  j["intermediate_size"] = intermediate_size;
+  j["num_hidden_layers"] = num_hidden_layers;
+  j["num_attention_heads"] = num_attention_heads;
+  j["num_key_value_heads"] = num_key_value_heads;
+  j["head_dim"] = head_dim;
+  j["vocab_size"] = vocab_size;
+  j["max_position_embeddings"] = max_position_embeddings;
+  j["rms_norm_eps"] = rms_norm_eps;
+  j["rope_theta"] = rope_theta;
+  switch (rope_scaling.type) {
+    case RopeScaling::Type::kNone:
+      j["rope_scaling"] = nullptr;
+      break;
+    case RopeScaling::Type::kLinear:
+      j["rope_scaling"] = {
+          {"rope_type", "linear"}, {"type", "linear"}, {"factor", rope_scaling.factor}};
+      break;
+    case RopeScaling::Type::kLlama3:
+      j["rope_scaling"] = {
+          {"rope_type", "llama3"},
+          {"factor", rope_scaling.factor},
+          {"low_freq_factor", rope_scaling.low_freq_factor},
+          {"high_freq_factor", rope_scaling.high_freq_factor},
+          {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
+      break;
+  }
+  j["hidden_act"] = "silu";
+  j["attention_bias"] = false;
+  j["tie_word_embeddings"] = tie_word_embeddings;
+  j["bos_token_id"] = bos_token_id;
+  if (eos_token_ids.size() == 1) {
+    j["eos_token_id"] = eos_token_ids[0];
+  } else {
+    j["eos_token_id"] = eos_token_ids;  // a list, or [] for none
+  }
+  j["torch_dtype"] = torch_dtype;
+  j["promptcache_chat_template"] = chat_template;
+  return j.dump(2) + "\n";
+}
+
+}  // namespace promptcache
