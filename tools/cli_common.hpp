@@ -39,6 +39,10 @@ void add_sampling_options(CLI::App& app, SamplingOptions& o);
 
 Command register_make_model(CLI::App& root);
 Command register_generate(CLI::App& root);
+Command register_layout(CLI::App& root);
+Command register_run(CLI::App& root);
+Command register_qa(CLI::App& root);
+Command register_demo(CLI::App& root);
 
 // A user mistake: printed as "promptcache: error: ..." without a stack trace; exit code 2.
 struct UsageError : std::runtime_error {

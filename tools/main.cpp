@@ -11,10 +11,16 @@ int main(int argc, char** argv) {
   CLI::App app{
       "promptcache — reuse attention states of prompt modules for fast LLM answers.\n"
       "Examples:\n"
+      "  promptcache demo                                   (synthetic model, cached vs uncached)\n"
       "  promptcache make-model --shape tiny --out /tmp/tiny\n"
-      "  promptcache generate --model /tmp/tiny --text \"Once upon a time\" -n 20\n"};
+      "  promptcache layout schemas/trip.xml --model /tmp/tiny\n"
+      "  promptcache run --model /tmp/tiny --schema schemas/trip.xml --prompt "
+      "schemas/trip.prompt.xml\n"
+      "  promptcache qa --model /tmp/tiny --docs docs/ --question \"What is a prompt module?\"\n"};
   app.require_subcommand(1);
-  std::vector<cli::Command> commands = {cli::register_make_model(app), cli::register_generate(app)};
+  std::vector<cli::Command> commands = {cli::register_demo(app),     cli::register_layout(app),
+                                        cli::register_run(app),      cli::register_qa(app),
+                                        cli::register_generate(app), cli::register_make_model(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# One CLI test case: cli_test.sh CASE PROMPTCACHE_BINARY SOURCE_DIR SHARED_DIR
+# Exit 0 = pass, 77 = skipped (with a message), anything else = fail.
+set -uo pipefail
+case_name=$1 pc=$2 src=$3 shared=$4
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL ($case_name): $*" >&2; exit 1; }
+expect_in() { grep -qF -- "$1" "$2" || { echo "--- $2:"; cat "$2"; fail "expected '$1' in $2"; }; }
+tiny() { "$pc" make-model --shape tiny --seed 0 --out "$work/tiny" >/dev/null 2>"$work/make.err" || fail "make-model: $(cat "$work/make.err")"; }
+stories="$shared/models/stories260K"
+
+case "$case_name" in
+  layout_golden)
+    tiny
+    "$pc" layout "$src/schemas/trip.xml" --model "$work/tiny" >"$work/out.txt" 2>&1 || fail "layout exit $?"
+    diff -u "$src/tests/cli/golden/trip.layout.txt" "$work/out.txt" || fail "layout differs from the golden file"
+    ;;
+  run_cache_equals_nocache)
+    tiny
+    for mode in "" "--no-cache"; do
+      "$pc" run --model "$work/tiny" --schema "$src/schemas/fewshot.xml" --prompt "$src/schemas/fewshot.prompt.xml" \
+        -n 12 --json $mode >"$work/out$mode.json" 2>"$work/err" || fail "run $mode: $(cat "$work/err")"
+    done
+    python3 - "$work/out.json" "$work/out--no-cache.json" <<'PY' || fail "cached and uncached differ"
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert a["cached"] and not b["cached"], (a["cached"], b["cached"])
+assert a["cached_tokens"] > 0 and b["cached_tokens"] == 0
+assert len(a["token_ids"]) == 12, a["token_ids"]
+assert a["token_ids"] == b["token_ids"], (a["token_ids"], b["token_ids"])
+assert a["text"] == b["text"]
+PY
+    ;;
+  run_stories260k)
+    [ -f "$stories/model.safetensors" ] || { echo "SKIPPED: $stories is absent"; exit 77; }
+    cat >"$work/s.xml" <<'XML'
+<schema name="tale"><module name="a">Once upon a time, there was a little girl named Lily.</module>
+<module name="b">She loved to play outside in the park.</module></schema>
+XML
+    echo '<prompt schema="tale"><a/><b/> One day, she</prompt>' >"$work/p.xml"
+    "$pc" run --model "$stories" --template plain --schema "$work/s.xml" --prompt "$work/p.xml" -n 30 >"$work/c.txt" 2>"$work/err" || fail "run: $(cat "$work/err")"
+    "$pc" run --model "$stories" --template plain --schema "$work/s.xml" --prompt "$work/p.xml" -n 30 --no-cache --stats >"$work/n.txt" 2>"$work/err2" || fail "run --no-cache"
+    diff "$work/c.txt" "$work/n.txt" || fail "cached and uncached text differ"
+    [ "$(wc -c <"$work/c.txt")" -gt 20 ] || fail "answer too short"
+    expect_in "no cache: TTFT" "$work/err2"
+    echo "stories260K answer: $(cat "$work/c.txt")"
+    ;;
+  cache_file)
+    tiny
+    args=(--model "$work/tiny" --schema "$src/schemas/trip.xml" --prompt "$src/schemas/trip.prompt.xml" -n 4 --stats --cache "$work/trip.states")
+    "$pc" run "${args[@]}" >"$work/1.txt" 2>"$work/1.err" || fail "first run: $(cat "$work/1.err")"
+    expect_in "compiled, saved to" "$work/1.err"
+    "$pc" run "${args[@]}" >"$work/2.txt" 2>"$work/2.err" || fail "second run: $(cat "$work/2.err")"
+    expect_in "loaded from" "$work/2.err"
+    diff "$work/1.txt" "$work/2.txt" || fail "answers differ"
+    head -c 100 "$work/trip.states" >"$work/bad.states"
+    "$pc" run "${args[@]:0:10}" --cache "$work/bad.states" >"$work/3.txt" 2>"$work/3.err" && fail "corrupt cache accepted"
+    expect_in "bad.states" "$work/3.err"
+    ;;
+  qa)
+    tiny
+    echo "The meeting is on Monday at ten in the small room." >"$work/a.txt"
+    echo "The train to the city leaves every hour." >"$work/b.md"
+    "$pc" qa --model "$work/tiny" --docs "$work/a.txt" "$work/b.md" --question "When is the meeting?" -n 8 >"$work/out.txt" 2>"$work/err" || fail "qa: $(cat "$work/err")"
+    expect_in "2 documents" "$work/err"
+    expect_in "TTFT" "$work/err"
+    [ -s "$work/out.txt" ] || fail "no answer printed"
+    if [ -f "$stories/model.safetensors" ]; then
+      "$pc" qa --model "$stories" --template plain --docs "$work" --question "Who went to the park?" -n 20 >"$work/s.txt" 2>"$work/s.err" || fail "qa stories260K: $(cat "$work/s.err")"
+      echo "stories260K qa answer: $(cat "$work/s.txt")"
+    fi
+    ;;
+  qa_interactive)
+    tiny
+    mkdir "$work/docs"
+    echo "Lily has a red ball." >"$work/docs/lily.txt"
+    echo "Tom has a blue kite." >"$work/docs/tom.txt"
+    printf ':docs\n:use tom.txt\n:docs\nWhat does Tom have?\n:use nobody.txt\n:quit\n' |
+      "$pc" qa --model "$work/tiny" --docs "$work/docs" -n 4 >"$work/out.txt" 2>"$work/err" || fail "qa loop: $(cat "$work/err")"
+    expect_in "* lily.txt" "$work/out.txt"
+    expect_in "  lily.txt" "$work/out.txt"
+    expect_in "using 1 document" "$work/err"
+    expect_in "TTFT" "$work/err"
+    expect_in "no document 'nobody.txt'" "$work/err"
+    ;;
+  errors)
+    "$pc" run --schema "$src/schemas/trip.xml" --prompt "$src/schemas/trip.prompt.xml" >"$work/o" 2>"$work/e"; rc=$?
+    [ $rc -eq 2 ] || fail "no --model: exit $rc, want 2"
+    expect_in "make-model" "$work/e"
+    tiny
+    printf '<prompt schema="trip">\n  <city/>\n  <nowhere/>\n  Hi\n</prompt>\n' >"$work/bad.xml"
+    "$pc" run --model "$work/tiny" --schema "$src/schemas/trip.xml" --prompt "$work/bad.xml" >"$work/o" 2>"$work/e"; rc=$?
+    [ $rc -eq 1 ] || fail "unknown module: exit $rc, want 1"
+    expect_in "bad.xml:3" "$work/e"
+    expect_in "nowhere" "$work/e"
+    "$pc" layout "$work/missing.xml" --model "$work/tiny" >"$work/o" 2>"$work/e" && fail "missing schema accepted"
+    expect_in "missing.xml" "$work/e"
+    "$pc" generate --model "$work/nothere" --text hi >"$work/o" 2>"$work/e" && fail "missing model accepted"
+    expect_in "nothere" "$work/e"
+    "$pc" run --model "$work/tiny" --bogus 2>"$work/e" >/dev/null && fail "unknown flag accepted"
+    "$pc" demo --shape huge 2>"$work/e" >/dev/null && fail "bad shape accepted"
+    grep -qi "terminate\|stack\|Exception raised from" "$work/e" && fail "stack trace printed"
+    for sub in demo layout run qa generate make-model; do
+      "$pc" "$sub" --help >"$work/h" 2>&1 || fail "$sub --help failed"
+      expect_in "Example" "$work/h"
+    done
+    ;;
+  demo)
+    "$pc" demo -n 6 >"$work/out.txt" 2>"$work/err" || fail "demo: $(cat "$work/err")"
+    expect_in "TTFT with cache" "$work/out.txt"
+    expect_in "same answer: yes" "$work/out.txt"
+    ;;
+  generate)
+    tiny
+    "$pc" generate --model "$work/tiny" --text "Once upon a time" -n 5 --json >"$work/out.json" 2>"$work/err" || fail "generate: $(cat "$work/err")"
+    python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert len(j["token_ids"])==5 and j["ttft_ms"]>0' "$work/out.json" || fail "bad json"
+    ;;
+  *) fail "unknown case" ;;
+esac
+echo "PASS ($case_name)"

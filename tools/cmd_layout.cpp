@@ -1,0 +1,95 @@
+// promptcache layout: a schema as its author needs to see it — spans, positions, cached or not —
+// plus warnings. Needs only config.json and tokenizer.model, not the weights.
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <iostream>
+
+#include "cli_common.hpp"
+#include "promptcache/model/config.hpp"
+#include "promptcache/pml/layout.hpp"
+#include "promptcache/pml/render.hpp"
+
+namespace promptcache::cli {
+
+std::vector<std::string> layout_warnings(const pml::Layout& layout, int64_t context,
+                                         const Tokenizer& tokenizer) {
+  std::vector<std::string> warnings;
+  if (static_cast<int64_t>(layout.total_length) > context) {
+    warnings.push_back(fmt::format("the schema reserves {} positions but the model's context is {}",
+                                   layout.total_length, context));
+  }
+  for (const auto& m : layout.modules) {
+    const std::string name = m.is_root() ? "(root)" : m.path;
+    if (static_cast<int64_t>(m.length()) > context) {
+      warnings.push_back(fmt::format("module '{}' ({} tokens) is larger than the context ({})",
+                                     name, m.length(), context));
+    }
+    if (m.length() == 0) warnings.push_back(fmt::format("module '{}' is empty", name));
+  }
+  for (std::size_t u = 0; u < layout.unions.size(); ++u) {
+    const auto& un = layout.unions[u];
+    std::size_t shortest = SIZE_MAX;
+    for (std::size_t m : un.members) shortest = std::min(shortest, layout.modules[m].length());
+    for (std::size_t m : un.members) {
+      const std::size_t len = layout.modules[m].length();
+      if (len > 2 * shortest && len - shortest >= 8) {
+        warnings.push_back(fmt::format(
+            "union member '{}' ({} tokens) is much longer than its shortest sibling ({} tokens): "
+            "every member reserves {} positions",
+            layout.modules[m].path, len, shortest, un.length));
+      }
+    }
+  }
+  for (const auto& s : layout.spans) {
+    if (s.kind != pml::SpanKind::kParameter || s.text.empty()) continue;
+    const std::size_t need = pml::encode_span(tokenizer, s.text).size();
+    if (need > s.size()) {
+      warnings.push_back(fmt::format(
+          "parameter '{}' reserves {} positions but its scaffold \"{}\" has {} tokens (cut)",
+          s.parameter, s.size(), s.text, need));
+    }
+  }
+  return warnings;
+}
+
+Command register_layout(CLI::App& root) {
+  struct Options {
+    std::string schema;
+    ModelOptions model;
+    std::string chat_template;
+    bool ids = false;
+  };
+  auto o = std::make_shared<Options>();
+  auto* app = root.add_subcommand(
+      "layout",
+      "Show a schema's modules, token counts, position ranges and what is cached.\n"
+      "Example: promptcache layout schemas/docqa.xml --model /tmp/tiny");
+  app->add_option("schema", o->schema, "schema XML file")->required();
+  app->add_option("--model,-m", o->model.model_dir, "model folder (its tokenizer and context)");
+  app->add_option("--template", o->chat_template, "chat template: llama-2, chatml, plain");
+  app->add_flag("--ids", o->ids, "show token ids");
+  return {
+      app, [o]() {
+        require_model(o->model);
+        namespace fs = std::filesystem;
+        const auto config =
+            ModelConfig::from_json_file((fs::path(o->model.model_dir) / "config.json").string());
+        const auto tok = load_sentencepiece_tokenizer(
+            (fs::path(o->model.model_dir) / "tokenizer.model").string());
+        const auto tmpl =
+            pml::chat_template(o->chat_template.empty() ? config.chat_template : o->chat_template);
+        const auto layout = pml::layout(pml::parse_schema_file(o->schema), *tok, tmpl);
+        pml::RenderOptions render;
+        render.show_ids = o->ids;
+        std::cout << pml::render_layout(layout, render);
+        std::cout << fmt::format("total: {} of {} context positions\n", layout.total_length,
+                                 config.max_position_embeddings);
+        for (const auto& w : layout_warnings(layout, config.max_position_embeddings, *tok)) {
+          std::cout << "warning: " << w << "\n";
+        }
+        return 0;
+      }};
+}
+
+}  // namespace promptcache::cli

@@ -1,0 +1,81 @@
+// promptcache run: answer a PML prompt against a compiled schema, with or without the cache.
+#include <fmt/format.h>
+
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "engine_setup.hpp"
+
+namespace promptcache::cli {
+
+nlohmann::json response_json(const Response& r, bool cached) {
+  return {{"text", r.text},
+          {"token_ids", r.tokens},
+          {"cached", cached},
+          {"stop_reason", to_string(r.stop_reason)},
+          {"ttft_ms", r.timings.ttft_ms},
+          {"assembly_ms", r.timings.assembly_ms},
+          {"prefill_ms", r.timings.fresh_prefill_ms},
+          {"decode_tokens_per_s", r.timings.decode_tokens_per_s()},
+          {"cached_tokens", r.cached_tokens},
+          {"fresh_tokens", r.fresh_tokens},
+          {"kv_bytes", r.kv_bytes}};
+}
+
+Command register_run(CLI::App& root) {
+  struct Options {
+    ModelOptions model;
+    SamplingOptions sampling;
+    EngineFlags engine;
+    std::string schema, prompt, cache_file;
+    bool no_cache = false, stats = false, json = false;
+  };
+  auto o = std::make_shared<Options>();
+  auto* app = root.add_subcommand(
+      "run",
+      "Answer a PML prompt: stored module states are assembled, only fresh tokens are run.\n"
+      "Example: promptcache run --model DIR --schema schemas/trip.xml --prompt "
+      "schemas/trip.prompt.xml --stats\n"
+      "         add --cache trip.states to keep compiled states between runs, --no-cache to "
+      "compare");
+  add_model_options(*app, o->model);
+  add_sampling_options(*app, o->sampling);
+  add_engine_flags(*app, o->engine);
+  app->add_option("--schema,-s", o->schema, "schema XML file")
+      ->required()
+      ->check(CLI::ExistingFile);
+  app->add_option("--prompt,-p", o->prompt, "prompt XML file")
+      ->required()
+      ->check(CLI::ExistingFile);
+  app->add_option("--cache", o->cache_file,
+                  "states file: loaded when it matches, else compiled and saved there");
+  app->add_flag("--no-cache", o->no_cache, "run the same tokens as one ordinary prefill");
+  app->add_flag("--stats", o->stats, "print TTFT, assembly/prefill split and tokens/s");
+  app->add_flag("--json", o->json, "print one JSON object instead of streaming");
+  return {app, [o]() {
+            auto engine = open_engine(o->model, o->engine);
+            const auto prompt = pml::parse_prompt_file(o->prompt);
+            engine->add_schema_file(o->schema, progress_bar(), o->cache_file);
+            if (o->stats) std::cerr << "[" << engine->compile_report(prompt.schema).source << "]\n";
+            SamplingParams params = o->sampling.params;
+            params.stop_strings = o->sampling.stop;
+            TokenCallback stream;
+            if (!o->json) {
+              stream = [](TokenId, const std::string& s) {
+                std::cout << s << std::flush;
+                return true;
+              };
+            }
+            const bool cached = !o->no_cache;
+            const auto r = engine->generate(prompt, params, stream, RequestOptions{cached});
+            if (o->json) {
+              std::cout << response_json(r, cached).dump() << "\n";
+            } else {
+              std::cout << "\n";
+              if (o->stats) print_stats(r, cached);
+            }
+            return 0;
+          }};
+}
+
+}  // namespace promptcache::cli

@@ -1,0 +1,49 @@
+#include "engine_setup.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <iostream>
+
+namespace promptcache::cli {
+
+void add_engine_flags(CLI::App& app, EngineFlags& flags) {
+  app.add_option("--encoding", flags.encoding, "module encoding: scaffold or isolated")
+      ->capture_default_str();
+  app.add_option("--template", flags.chat_template,
+                 "chat template: llama-2, chatml, plain (default: from the model)");
+}
+
+std::unique_ptr<Engine> open_engine(const ModelOptions& model, const EngineFlags& flags) {
+  require_model(model);
+  apply_threads(model);
+  EngineOptions options;
+  options.load.device = parse_device(model.device);
+  options.load.dtype = parse_dtype(model.dtype);
+  options.encoding = parse_encoding_mode(flags.encoding);
+  options.chat_template = flags.chat_template;
+  return Engine::open(model.model_dir, options);
+}
+
+Engine::ProgressCallback progress_bar() {
+  const bool tty = ::isatty(2);
+  return [tty](const std::string& schema, const CompileProgress& p) {
+    const int width = 24;
+    const int done =
+        p.tokens_total ? static_cast<int>(width * p.tokens_done / p.tokens_total) : width;
+    std::cerr << fmt::format("{}compiling {}: [{}{}] pass {}/{}, {} tokens{}", tty ? "\r" : "",
+                             schema, std::string(done, '#'), std::string(width - done, '.'), p.pass,
+                             p.passes, p.tokens_done, tty && p.pass < p.passes ? "" : "\n");
+  };
+}
+
+void print_stats(const Response& r, bool cached) {
+  std::cerr << fmt::format(
+      "[{}: TTFT {:.1f} ms (assembly {:.2f} ms, prefill {:.1f} ms); {} cached + {} fresh prompt "
+      "tokens; {} generated at {:.0f} tok/s]\n",
+      cached ? "cached" : "no cache", r.timings.ttft_ms, r.timings.assembly_ms,
+      r.timings.fresh_prefill_ms, r.cached_tokens, r.fresh_tokens, r.tokens.size(),
+      r.timings.decode_tokens_per_s());
+}
+
+}  // namespace promptcache::cli

@@ -1,0 +1,22 @@
+// Opening an Engine from CLI options, with a compile progress bar on stderr.
+#pragma once
+
+#include <memory>
+
+#include "cli_common.hpp"
+#include "promptcache/engine.hpp"
+
+namespace promptcache::cli {
+
+struct EngineFlags {
+  std::string encoding = "scaffold";
+  std::string chat_template;
+};
+void add_engine_flags(CLI::App& app, EngineFlags& flags);
+std::unique_ptr<Engine> open_engine(const ModelOptions& model, const EngineFlags& flags);
+// A one-line progress bar on stderr ("compiling docs: [#####.....] 3/6 passes").
+Engine::ProgressCallback progress_bar();
+// Prints TTFT and the assembly/prefill split on stderr.
+void print_stats(const Response& r, bool cached);
+
+}  // namespace promptcache::cli
