@@ -1,0 +1,290 @@
+// bench_prefill — prefill and decode speed of the Llama forward on the synthetic bench-small model,
+// compared with a plain torch::matmul of comparable size measured in the same run.
+//
+//   build-bench/benchmarks/bench_prefill [--tokens 128,512,1024,2048] [--threads N]
+//       [--torch-threads N] [--repeats R] [--decode-steps D] [--breakdown]
+//
+// One JSON line per token count. Times are the BEST of R repeats (the machine is shared with
+// builds, so the minimum is the least disturbed measurement); the median prefill time is printed
+// too. --breakdown also times the parts of one decoder layer (re-implemented here with the same
+// LibTorch calls as src/model/llama.cpp) to show where the prefill time goes.
+#include <ATen/ATen.h>
+#include <torch/types.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "promptcache/generation.hpp"
+#include "promptcache/model/llama.hpp"
+#include "promptcache/model/synthetic.hpp"
+#include "promptcache/model/threads.hpp"
+
+namespace pc = promptcache;
+using ordered_json = nlohmann::ordered_json;
+
+namespace {
+
+struct Args {
+  std::vector<int64_t> tokens{128, 512, 1024, 2048};
+  int threads = 0;
+  int torch_threads = 0;
+  int repeats = 3;
+  int decode_steps = 16;
+  bool breakdown = false;
+};
+
+[[noreturn]] void usage(const std::string& problem) {
+  std::cerr << "bench_prefill: " << problem
+            << "\nusage: bench_prefill [--tokens 128,512,1024,2048] [--threads N] "
+               "[--torch-threads N] [--repeats R] [--decode-steps D] [--breakdown]\n";
+  std::exit(2);
+}
+
+int64_t parse_int(const std::string& flag, const std::string& text, int64_t min) {
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || v < min)
+    usage(flag + " needs an integer >= " + std::to_string(min) + ", got '" + text + "'");
+  return v;
+}
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--breakdown") {
+      a.breakdown = true;
+      continue;
+    }
+    if (flag == "--help" || flag == "-h") usage("help");
+    if (i + 1 >= argc) usage(flag + " needs a value");
+    const std::string value = argv[++i];
+    if (flag == "--tokens") {
+      a.tokens.clear();
+      std::stringstream ss(value);
+      std::string item;
+      while (std::getline(ss, item, ',')) a.tokens.push_back(parse_int(flag, item, 1));
+      if (a.tokens.empty()) usage("--tokens needs at least one count");
+    } else if (flag == "--threads") {
+      a.threads = static_cast<int>(parse_int(flag, value, 0));
+    } else if (flag == "--torch-threads") {
+      a.torch_threads = static_cast<int>(parse_int(flag, value, 0));
+    } else if (flag == "--repeats") {
+      a.repeats = static_cast<int>(parse_int(flag, value, 1));
+    } else if (flag == "--decode-steps") {
+      a.decode_steps = static_cast<int>(parse_int(flag, value, 0));
+    } else {
+      usage("unknown flag " + flag);
+    }
+  }
+  return a;
+}
+
+double best(const std::vector<double>& v) {
+  return *std::min_element(v.begin(), v.end());
+}
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+// Best time (ms) of `reps` calls of fn, after one untimed call.
+double time_best(int reps, const std::function<void()>& fn) {
+  fn();
+  double b = std::numeric_limits<double>::infinity();
+  for (int r = 0; r < reps; ++r) {
+    const double t0 = pc::now_ms();
+    fn();
+    b = std::min(b, pc::now_ms() - t0);
+  }
+  return b;
+}
+
+// GFLOP/s of [n, 768] x [768, 2048] f32 (the shape of the MLP's gate/up projections), best of 5.
+double gemm_gflops(int64_t n, int64_t k, int64_t m) {
+  auto a = torch::randn({n, k});
+  auto b = torch::randn({k, m});
+  torch::Tensor c;
+  const double ms = time_best(5, [&] { c = torch::matmul(a, b); });
+  return 2.0 * n * k * m / (ms * 1e-3) / 1e9;
+}
+
+// --breakdown: the parts of one decoder layer on n fresh tokens, as src/model/llama.cpp computes
+// them (LibTorch 1.x branch), each timed alone (best of reps), in ms for one layer.
+ordered_json layer_breakdown(const pc::ModelConfig& c,
+                             const std::map<std::string, torch::Tensor>& w, int64_t n, int reps) {
+  const std::string p = "model.layers.0.";
+  const auto& wq = w.at(p + "self_attn.q_proj.weight");
+  const auto& wk = w.at(p + "self_attn.k_proj.weight");
+  const auto& wv = w.at(p + "self_attn.v_proj.weight");
+  const auto& wo = w.at(p + "self_attn.o_proj.weight");
+  const auto& wg = w.at(p + "mlp.gate_proj.weight");
+  const auto& wu = w.at(p + "mlp.up_proj.weight");
+  const auto& wd = w.at(p + "mlp.down_proj.weight");
+  const auto& norm = w.at(p + "input_layernorm.weight");
+  const int64_t h = c.hidden_size, d = c.head_dim, hq = c.num_attention_heads;
+  const int64_t hkv = c.num_key_value_heads, groups = hq / hkv, b = 1;
+  const double eps = c.rms_norm_eps;
+
+  auto x = torch::randn({b, n, h});
+  auto rms = [&](const torch::Tensor& t) {
+    auto f = t.to(torch::kFloat32);
+    f = f * torch::rsqrt(f.pow(2).mean(-1, true) + eps);
+    return norm * f;
+  };
+  auto rot = [](const torch::Tensor& t) {
+    const int64_t half = t.size(-1) / 2;
+    return torch::cat({-t.narrow(-1, half, half), t.narrow(-1, 0, half)}, -1);
+  };
+  auto pos = torch::arange(n, torch::kInt64).to(torch::kFloat32).unsqueeze(-1);
+  auto inv = torch::rand({d / 2});
+  auto emb = torch::cat({pos * inv, pos * inv}, -1);
+  auto cos = emb.cos().unsqueeze(0).unsqueeze(0), sin = emb.sin().unsqueeze(0).unsqueeze(0);
+  auto cols = torch::arange(n).unsqueeze(0), rows = torch::arange(n).unsqueeze(1);
+  auto mask = cols <= rows;
+  auto q = torch::linear(x, wq).view({b, n, hq, d}).transpose(1, 2);
+  auto k = torch::linear(x, wk).view({b, n, hkv, d}).transpose(1, 2);
+  auto v = torch::linear(x, wv).view({b, n, hkv, d}).transpose(1, 2).contiguous();
+  auto kc = k.contiguous();  // as read back from the cache
+  auto qg = q.reshape({b, hkv, groups * n, d});
+  auto scores = torch::matmul(qg, kc.transpose(-1, -2));
+  auto probs = scores.softmax(-1);
+  auto attn = torch::matmul(probs, v);
+  auto merged = attn.view({b, hq, n, d}).transpose(1, 2).reshape({b, n, hq * d});
+  auto hid = torch::silu(torch::linear(x, wg)) * torch::linear(x, wu);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  auto additive = torch::zeros({n, n}).masked_fill_(mask.logical_not(), neg_inf);
+
+  ordered_json j;
+  j["bench"] = "prefill_breakdown";
+  j["tokens"] = n;
+  torch::Tensor sink;
+  j["rms_norm_x2_ms"] = 2 * time_best(reps, [&] { sink = rms(x); });
+  j["qkv_proj_ms"] = time_best(reps, [&] {
+    sink = torch::linear(x, wq);
+    sink = torch::linear(x, wk);
+    sink = torch::linear(x, wv);
+  });
+  j["rope_ms"] = time_best(reps, [&] {
+    sink = q * cos + rot(q) * sin;
+    sink = k * cos + rot(k) * sin;
+  });
+  j["q_group_reshape_ms"] = time_best(reps, [&] { sink = q.reshape({b, hkv, groups * n, d}); });
+  j["scores_matmul_ms"] = time_best(reps, [&] { sink = torch::matmul(qg, kc.transpose(-1, -2)); });
+  j["scale_ms"] = time_best(reps, [&] { scores.mul_(1.0); });
+  j["mask_fill_ms"] = time_best(reps, [&] {
+    scores.view({b, hkv, groups, n, n}).masked_fill_(mask.logical_not(), neg_inf);
+  });
+  j["softmax_ms"] = time_best(reps, [&] { sink = scores.softmax(-1); });
+  j["pv_matmul_ms"] = time_best(reps, [&] { sink = torch::matmul(probs, v); });
+  j["merge_heads_ms"] = time_best(reps, [&] {
+    sink = attn.view({b, hq, n, d}).transpose(1, 2).reshape({b, n, hq * d});
+  });
+  j["o_proj_ms"] = time_best(reps, [&] { sink = torch::linear(merged, wo); });
+  j["mlp_gate_up_ms"] = time_best(reps, [&] {
+    sink = torch::linear(x, wg);
+    sink = torch::linear(x, wu);
+  });
+  j["mlp_silu_mul_ms"] = time_best(reps, [&] { sink = torch::silu(hid) * hid; });
+  j["mlp_down_ms"] = time_best(reps, [&] { sink = torch::linear(hid, wd); });
+  j["residual_add_x2_ms"] = 2 * time_best(reps, [&] { sink = x + x; });
+  // Alternatives for the attention core, for comparison with scores+scale+mask+softmax.
+  j["alt_baddbmm_additive_mask_softmax_ms"] = time_best(reps, [&] {
+    auto s = torch::baddbmm(additive.expand({hkv, groups, n, n}).reshape({hkv, groups * n, n}),
+                            qg.view({hkv, groups * n, d}), kc.view({hkv, n, d}).transpose(1, 2),
+                            1.0, 1.0 / std::sqrt(static_cast<double>(d)));
+    sink = s.softmax(-1);
+  });
+  j["alt_inplace_add_mask_softmax_ms"] = time_best(reps, [&] {
+    auto s = torch::matmul(qg, kc.transpose(-1, -2));
+    s.mul_(1.0 / std::sqrt(static_cast<double>(d)));
+    s.view({b, hkv, groups, n, n}).add_(additive);
+    sink = at::_softmax(s, -1, false);
+  });
+  double sum = 0;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string key = it.key();
+    if (key.size() > 3 && key.compare(key.size() - 3, 3, "_ms") == 0 && key.rfind("alt_", 0) != 0)
+      sum += it.value().get<double>();
+  }
+  j["layer_sum_ms"] = sum;
+  j["model_estimate_ms"] = sum * c.num_hidden_layers;
+  return j;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args args = parse_args(argc, argv);
+  torch::NoGradGuard no_grad;
+  const pc::ThreadSettings applied = pc::configure_threads(args.threads, args.torch_threads);
+
+  const pc::ModelConfig config = pc::synthetic_config("bench-small");
+  const auto weights = pc::random_llama_weights(config, /*seed=*/1, 0.02);
+  const auto model = pc::LlamaModel::from_tensors(config, weights, pc::LoadOptions{});
+
+  torch::manual_seed(0);
+  const int64_t max_n = *std::max_element(args.tokens.begin(), args.tokens.end());
+  const auto all_ids =
+      torch::randint(0, config.vocab_size, {1, max_n + args.decode_steps}, torch::kInt64);
+  const auto all_pos = torch::arange(max_n + args.decode_steps, torch::kInt64).unsqueeze(0);
+
+  // Warm-up: one small prefill + decode step (thread pools, allocator, BLAS buffers).
+  {
+    auto cache = model->make_cache(128 + 1);
+    model->forward(all_ids.narrow(1, 0, std::min<int64_t>(128, max_n)),
+                   all_pos.narrow(1, 0, std::min<int64_t>(128, max_n)), cache);
+    gemm_gflops(128, config.hidden_size, config.intermediate_size);
+  }
+
+  for (const int64_t n : args.tokens) {
+    const double gemm = gemm_gflops(n, config.hidden_size, config.intermediate_size);
+    auto cache = model->make_cache(n + args.decode_steps);
+    std::vector<double> prefill_ms, decode_ms;
+    for (int r = 0; r < args.repeats; ++r) {
+      cache.clear();
+      const double t0 = pc::now_ms();
+      auto logits = model->forward(all_ids.narrow(1, 0, n), all_pos.narrow(1, 0, n), cache);
+      prefill_ms.push_back(pc::now_ms() - t0);
+      if (args.decode_steps > 0) {
+        const double t1 = pc::now_ms();
+        for (int s = 0; s < args.decode_steps; ++s) {
+          logits = model->forward(all_ids.narrow(1, n + s, 1), all_pos.narrow(1, n + s, 1), cache);
+        }
+        decode_ms.push_back(pc::now_ms() - t1);
+      }
+    }
+    const double ms = best(prefill_ms);
+    const double gflops = model->prefill_flops(n) / (ms * 1e-3) / 1e9;
+    ordered_json j;
+    j["bench"] = "prefill";
+    j["tokens"] = n;
+    j["prefill_ms"] = ms;
+    j["prefill_tokens_per_s"] = n / (ms * 1e-3);
+    j["prefill_gflops"] = gflops;
+    j["gemm_gflops"] = gemm;
+    j["ratio_to_gemm"] = gflops / gemm;
+    j["decode_tokens_per_s"] =
+        args.decode_steps > 0 ? args.decode_steps / (best(decode_ms) * 1e-3) : 0.0;
+    j["threads"] = applied.openblas ? applied.blas_threads : applied.torch_threads;
+    j["torch_threads"] = applied.torch_threads;
+    j["openblas"] = applied.openblas;
+    j["statistic"] = "best_of_" + std::to_string(args.repeats);
+    j["prefill_ms_median"] = median(prefill_ms);
+    std::cout << j.dump() << std::endl;
+    if (args.breakdown)
+      std::cout << layer_breakdown(config, weights, n, args.repeats).dump() << std::endl;
+  }
+  return 0;
+}
