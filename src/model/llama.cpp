@@ -211,7 +211,8 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
   torch::Tensor out;
 #if TORCH_VERSION_MAJOR >= 2
   auto qg = q.reshape({b, hkv, groups * n, d});
-  torch::Tensor grouped_mask;
+  // An absent mask must be nullopt: an optional holding an undefined tensor is an error there.
+  c10::optional<torch::Tensor> grouped_mask;
   if (mask.defined()) grouped_mask = mask.repeat({groups, 1});
   out = at::scaled_dot_product_attention(qg, keys, values, grouped_mask);
 #else
