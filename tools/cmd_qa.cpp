@@ -71,7 +71,11 @@ Command register_qa(CLI::App& root) {
                 for (const auto& d : docs) {
                   const bool on =
                       std::find(selected.begin(), selected.end(), d.module) != selected.end();
-                  std::cout << (on ? "* " : "  ") << d.label << "\n";
+                  // The module name can be typed where the file name has spaces.
+                  std::cout << (on ? "* " : "  ") << d.label
+                            << (d.label.find(' ') != std::string::npos ? " (:use " + d.module + ")"
+                                                                       : std::string())
+                            << "\n";
                 }
                 continue;
               }

@@ -16,6 +16,17 @@ case "$case_name" in
     "$pc" layout "$src/schemas/trip.xml" --model "$work/tiny" >"$work/out.txt" 2>&1 || fail "layout exit $?"
     diff -u "$src/tests/cli/golden/trip.layout.txt" "$work/out.txt" || fail "layout differs from the golden file"
     ;;
+  layout_warnings)
+    tiny
+    "$pc" layout "$src/tests/cli/fixtures/warnings.xml" --model "$work/tiny" >"$work/out.txt" 2>&1 || fail "layout exit $?"
+    diff -u "$src/tests/cli/golden/warnings.layout.txt" "$work/out.txt" || fail "layout differs from the golden file"
+    # A module longer than the tiny model's 2048 positions.
+    { echo '<schema name="big"><module name="huge">'; for i in $(seq 700); do echo "the cat sat on the mat."; done; echo '</module></schema>'; } >"$work/big.xml"
+    "$pc" layout "$work/big.xml" --model "$work/tiny" >"$work/big.txt" 2>&1 || fail "layout big exit $?"
+    expect_in "warning: the schema reserves" "$work/big.txt"
+    expect_in "warning: module 'huge'" "$work/big.txt"
+    expect_in "is larger than the context (2048)" "$work/big.txt"
+    ;;
   run_cache_equals_nocache)
     tiny
     for mode in "" "--no-cache"; do
@@ -83,6 +94,32 @@ XML
     expect_in "using 1 document" "$work/err"
     expect_in "TTFT" "$work/err"
     expect_in "no document 'nobody.txt'" "$work/err"
+    ;;
+  qa_names)
+    # Module names come from file names: sanitized to XML names and made unique; text with XML
+    # characters is read through src= untouched.
+    tiny
+    mkdir "$work/d"
+    echo "Notes with <tags> & ampersands." >"$work/d/my notes (v2).txt"
+    echo "Other notes." >"$work/d/my notes (v2).md"
+    echo "First." >"$work/d/1st.md"
+    echo "Ampersand file." >"$work/d/a&b.txt"
+    echo "ignored" >"$work/d/skip.json"
+    printf ':docs\n:use 1st.md my_notes__v2_\nWhat is first?\n:docs\n:bogus\n:quit\n' |
+      "$pc" qa --model "$work/tiny" --docs "$work/d" -n 3 >"$work/out.txt" 2>"$work/err" || fail "qa names: $(cat "$work/err")"
+    expect_in "4 documents" "$work/err"
+    expect_in "* my notes (v2).md (:use my_notes__v2_)" "$work/out.txt"
+    expect_in "* my notes (v2).txt (:use my_notes__v2__2)" "$work/out.txt"
+    expect_in "  my notes (v2).txt (:use my_notes__v2__2)" "$work/out.txt"
+    expect_in "  a&b.txt" "$work/out.txt"
+    expect_in "using 2 document(s)" "$work/err"
+    expect_in "unknown command :bogus" "$work/err"
+    grep -q "skip.json" "$work/out.txt" && fail "a .json file was taken as a document"
+    "$pc" qa --model "$work/tiny" --docs "$work/nowhere" --question hi >"$work/o" 2>"$work/e" && fail "missing docs accepted"
+    expect_in "nowhere" "$work/e"
+    mkdir "$work/emptydir"
+    "$pc" qa --model "$work/tiny" --docs "$work/emptydir" --question hi >"$work/o" 2>"$work/e" && fail "empty docs folder accepted"
+    expect_in "no .txt or .md documents" "$work/e"
     ;;
   errors)
     "$pc" run --schema "$src/schemas/trip.xml" --prompt "$src/schemas/trip.prompt.xml" >"$work/o" 2>"$work/e"; rc=$?
