@@ -14,26 +14,36 @@
 namespace promptcache::cli {
 
 namespace {
-// The built-in corpus, cut into `n` documents of whole lines.
-std::string demo_schema(int documents) {
+// The built-in corpus, dealt line by line into `n` documents, up to `budget` tokens in all (the
+// schema must fit the model's context).
+std::string demo_schema(int documents, int64_t budget, const Tokenizer& tokenizer) {
   std::istringstream in(builtin_corpus());
-  std::vector<std::string> lines;
+  std::vector<std::string> docs(documents);
+  int64_t used = 0;
+  int d = 0;
   for (std::string l; std::getline(in, l);) {
-    if (!l.empty()) lines.push_back(l);
+    if (l.empty()) continue;
+    used += static_cast<int64_t>(tokenizer.encode(l).size()) + 1;
+    if (used > budget) break;
+    for (char c : l)
+      docs[d] += c == '<'   ? std::string("&lt;")
+                 : c == '&' ? std::string("&amp;")
+                            : std::string(1, c);
+    docs[d] += " ";
+    d = (d + 1) % documents;
   }
   std::string xml =
       "<schema name=\"demo\">\n  <system>You are a helpful assistant. Answer using the "
       "documents.</system>\n";
-  for (int d = 0; d < documents; ++d) {
-    xml += "  <module name=\"doc" + std::to_string(d) + "\">";
-    for (std::size_t i = d; i < lines.size(); i += documents) {
-      for (char c : lines[i])
-        xml += c == '<' ? std::string("&lt;") : c == '&' ? std::string("&amp;") : std::string(1, c);
-      xml += " ";
-    }
-    xml += "</module>\n";
+  for (int i = 0; i < documents; ++i) {
+    xml += "  <module name=\"doc" + std::to_string(i) + "\">" + docs[i] + "</module>\n";
   }
   return xml + "</schema>\n";
+}
+// Document tokens that leave room for the system prompt, the question and the answer.
+int64_t demo_budget(const Engine& engine, int new_tokens) {
+  const int64_t context = engine.model().config().max_position_embeddings;
+  return std::min<int64_t>(4096, context - 160 - new_tokens);
 }
 }  // namespace
 
@@ -79,8 +89,9 @@ Command register_demo(CLI::App& root) {
           }
         } cleanup{temp};
         auto engine = open_engine(model, EngineFlags{});
-        const auto& layout =
-            engine->add_schema_string(demo_schema(4), "<demo schema>", "", progress_bar());
+        const auto& layout = engine->add_schema_string(
+            demo_schema(4, demo_budget(*engine, o->tokens), engine->tokenizer()), "<demo schema>",
+            "", progress_bar());
         const std::string prompt =
             "<prompt schema=\"demo\"><doc0/><doc1/><doc2/><doc3/><user>What did Lily see in the "
             "park?</user></prompt>";

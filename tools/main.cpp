@@ -24,7 +24,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // Prints help, or the error and a --help hint; any usage error exits 2 (CLI11 codes vary).
+    return app.exit(e) == 0 ? 0 : 2;
   }
   try {
     for (auto& c : commands) {

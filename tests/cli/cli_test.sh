@@ -135,7 +135,20 @@ XML
     expect_in "missing.xml" "$work/e"
     "$pc" generate --model "$work/nothere" --text hi >"$work/o" 2>"$work/e" && fail "missing model accepted"
     expect_in "nothere" "$work/e"
-    "$pc" run --model "$work/tiny" --bogus 2>"$work/e" >/dev/null && fail "unknown flag accepted"
+    "$pc" run --model "$work/tiny" --bogus 2>"$work/e" >/dev/null; rc=$?
+    [ $rc -eq 2 ] || fail "unknown flag: exit $rc, want 2"
+    "$pc" run --model "$work/tiny" --schema "$work/nothere.xml" --prompt "$src/schemas/trip.prompt.xml" 2>"$work/e" >/dev/null; rc=$?
+    [ $rc -eq 2 ] || fail "missing --schema file: exit $rc, want 2"
+    expect_in "nothere.xml" "$work/e"
+    "$pc" 2>"$work/e" >/dev/null; rc=$?
+    [ $rc -eq 2 ] || fail "no subcommand: exit $rc, want 2"
+    printf '<schema name="x"><module name="a">hi</modul></schema>' >"$work/broken.xml"
+    "$pc" layout "$work/broken.xml" --model "$work/tiny" >"$work/o" 2>"$work/e"; rc=$?
+    [ $rc -eq 1 ] || fail "malformed schema: exit $rc, want 1"
+    expect_in "broken.xml:1:" "$work/e"
+    "$pc" layout "$src/schemas/trip.xml" --model "$work" >"$work/o" 2>"$work/e"; rc=$?
+    [ $rc -eq 1 ] || fail "folder without a model: exit $rc, want 1"
+    expect_in "config.json" "$work/e"
     "$pc" demo --shape huge 2>"$work/e" >/dev/null && fail "bad shape accepted"
     grep -qi "terminate\|stack\|Exception raised from" "$work/e" && fail "stack trace printed"
     for sub in demo layout run qa generate make-model; do
@@ -147,6 +160,10 @@ XML
     "$pc" demo -n 6 >"$work/out.txt" 2>"$work/err" || fail "demo: $(cat "$work/err")"
     expect_in "TTFT with cache" "$work/out.txt"
     expect_in "same answer: yes" "$work/out.txt"
+    if [ -f "$stories/model.safetensors" ]; then  # a 512-position context: the schema must fit
+      "$pc" demo --model "$stories" -n 8 >"$work/s.txt" 2>"$work/s.err" || fail "demo stories260K: $(cat "$work/s.err")"
+      expect_in "same answer: yes" "$work/s.txt"
+    fi
     ;;
   generate)
     tiny
