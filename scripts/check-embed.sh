@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 build=${1:-build}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+# Everything `cmake --install` copies must exist (a no-op after a full build).
+cmake --build "$build" --target promptcache promptcache_cli >"$tmp/lib-build.log" 2>&1 || { tail -30 "$tmp/lib-build.log"; exit 1; }
 cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
