@@ -27,6 +27,18 @@ case "$case_name" in
     expect_in "warning: module 'huge'" "$work/big.txt"
     expect_in "is larger than the context (2048)" "$work/big.txt"
     ;;
+  schemas)
+    # Every example schema lays out without error, and every example prompt runs.
+    tiny
+    for schema in "$src"/schemas/*.xml; do
+      case "$schema" in *.prompt.xml) continue ;; esac
+      "$pc" layout "$schema" --model "$work/tiny" >"$work/l.txt" 2>&1 || fail "layout $schema: $(cat "$work/l.txt")"
+      prompt=${schema%.xml}.prompt.xml
+      [ -f "$prompt" ] || fail "no example prompt for $schema"
+      "$pc" run --model "$work/tiny" --schema "$schema" --prompt "$prompt" -n 2 --json >"$work/r.json" 2>"$work/r.err" || fail "run $prompt: $(cat "$work/r.err")"
+      python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["cached_tokens"] > 0 and len(j["token_ids"]) == 2' "$work/r.json" || fail "bad result for $prompt"
+    done
+    ;;
   run_cache_equals_nocache)
     tiny
     for mode in "" "--no-cache"; do
