@@ -90,7 +90,10 @@ XML
     expect_in "TTFT" "$work/err"
     [ -s "$work/out.txt" ] || fail "no answer printed"
     if [ -f "$stories/model.safetensors" ]; then
-      "$pc" qa --model "$stories" --template plain --docs "$work" --question "Who went to the park?" -n 20 >"$work/s.txt" 2>"$work/s.err" || fail "qa stories260K: $(cat "$work/s.err")"
+      mkdir "$work/folder" && cp "$work/a.txt" "$work/b.md" "$work/folder/"
+      "$pc" qa --model "$stories" --template plain --docs "$work/folder" --question "Who went to the park?" -n 20 >"$work/s.txt" 2>"$work/s.err" || fail "qa stories260K: $(cat "$work/s.err")"
+      expect_in "2 documents" "$work/s.err"
+      expect_in "TTFT" "$work/s.err"
       echo "stories260K qa answer: $(cat "$work/s.txt")"
     fi
     ;;
