@@ -7,7 +7,9 @@
 // One JSON line per token count. Times are the BEST of R repeats (the machine is shared with
 // builds, so the minimum is the least disturbed measurement); the median prefill time is printed
 // too. --breakdown also times the parts of one decoder layer (re-implemented here with the same
-// LibTorch calls as src/model/llama.cpp) to show where the prefill time goes.
+// LibTorch calls as src/model/llama.cpp) to show where the prefill time goes; its layer_sum_ms
+// adds up the parts of the full-square attention, attention_core_blocked256_ms is what the
+// blocked 1.x path costs instead.
 #include <ATen/ATen.h>
 #include <torch/types.h>
 
@@ -199,6 +201,31 @@ ordered_json layer_breakdown(const pc::ModelConfig& c,
   j["mlp_silu_mul_ms"] = time_best(reps, [&] { sink = torch::silu(hid) * hid; });
   j["mlp_down_ms"] = time_best(reps, [&] { sink = torch::linear(hid, wd); });
   j["residual_add_x2_ms"] = 2 * time_best(reps, [&] { sink = x + x; });
+  // The attention core as one unit (scores, scale, mask, softmax, PV) over the full n x n square...
+  j["attention_core_full_ms"] = time_best(reps, [&] {
+    auto s = torch::matmul(qg, kc.transpose(-1, -2));
+    s.mul_(1.0 / std::sqrt(static_cast<double>(d)));
+    s.view({b, hkv, groups, n, n}).masked_fill_(mask.logical_not(), neg_inf);
+    sink = torch::matmul(s.softmax(-1), v);
+  });
+  // ...and blocked causally as src/model/llama.cpp does it (1.x path): query rows in blocks of 256,
+  // each against keys [0, block end) only, so the masked upper triangle is never computed.
+  j["attention_core_blocked256_ms"] = time_best(reps, [&] {
+    const int64_t chunk = 256;
+    auto q5 = q.reshape({b, hkv, groups, n, d});
+    auto out = torch::empty({b, hkv, groups, n, d});
+    for (int64_t s0 = 0; s0 < n; s0 += chunk) {
+      const int64_t c = std::min(chunk, n - s0), e = s0 + c;
+      auto qc = q5.narrow(3, s0, c).reshape({b, hkv, groups * c, d});
+      auto s = torch::matmul(qc, kc.narrow(2, 0, e).transpose(-1, -2));
+      s.mul_(1.0 / std::sqrt(static_cast<double>(d)));
+      s.view({b, hkv, groups, c, e})
+          .masked_fill_(mask.narrow(0, s0, c).narrow(1, 0, e).logical_not(), neg_inf);
+      out.narrow(3, s0, c).copy_(
+          torch::matmul(s.softmax(-1), v.narrow(2, 0, e)).view({b, hkv, groups, c, d}));
+    }
+    sink = out;
+  });
   // Alternatives for the attention core, for comparison with scores+scale+mask+softmax.
   j["alt_baddbmm_additive_mask_softmax_ms"] = time_best(reps, [&] {
     auto s = torch::baddbmm(additive.expand({hkv, groups, n, n}).reshape({hkv, groups * n, n}),
@@ -215,7 +242,8 @@ ordered_json layer_breakdown(const pc::ModelConfig& c,
   double sum = 0;
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string key = it.key();
-    if (key.size() > 3 && key.compare(key.size() - 3, 3, "_ms") == 0 && key.rfind("alt_", 0) != 0)
+    if (key.size() > 3 && key.compare(key.size() - 3, 3, "_ms") == 0 && key.rfind("alt_", 0) != 0 &&
+        key.rfind("attention_core", 0) != 0)
       sum += it.value().get<double>();
   }
   j["layer_sum_ms"] = sum;
