@@ -58,14 +58,10 @@ AssembledPrompt Assembler::assemble(const pml::ResolvedPrompt& prompt, const pml
   const int64_t needed = out.cached_tokens + static_cast<int64_t>(out.fresh_tokens.size());
   cache.clear();
   cache.reserve(needed + std::max<int64_t>(extra_capacity, 0));
-  // Layer-major copy: each destination block [kv_heads, n, head_dim] is written once per span.
-  for (int64_t l = 0; l < cache.layers(); ++l) {
-    for (const Copy& c : copies) {
-      const int64_t n = c.states->length();
-      cache.key_slots(l, c.slot, n).copy_(c.states->k[l].unsqueeze(0));
-      cache.value_slots(l, c.slot, n).copy_(c.states->v[l].unsqueeze(0));
-      if (l == 0) out.kv_bytes += c.states->bytes();
-    }
+  // One copy per span: all layers' K and V at once (the batch dimension broadcasts).
+  for (const Copy& c : copies) {
+    cache.all_slots(c.slot, c.states->length()).copy_(c.states->kv.unsqueeze(2));
+    out.kv_bytes += c.states->bytes();
   }
   cache.fill_external(out.cached_tokens, cached_positions);
   if (out.fresh_tokens.empty() && out.cached_tokens > 0) {

@@ -128,23 +128,23 @@ void load_cache_file(const std::string& path, const pml::Layout& layout, CacheSt
     if (!span.cacheable || span.size() == 0) continue;
     const std::vector<int64_t> shape = {c.num_hidden_layers, c.num_key_value_heads,
                                         static_cast<int64_t>(span.size()), c.head_dim};
-    SpanStates states;
-    for (char kind : {'k', 'v'}) {
-      const std::string name = tensor_name(s, kind);
+    torch::Tensor parts[2];
+    for (int i = 0; i < 2; ++i) {
+      const std::string name = tensor_name(s, i == 0 ? 'k' : 'v');
       if (!file->contains(name)) {
         throw Error(ErrorKind::kCacheFile, "states of a span are missing",
                     {path, 0, 0, "tensor '" + name + "'"});
       }
-      auto t = file->tensor(name);
-      if (t.sizes() != at::IntArrayRef(shape)) {
+      parts[i] = file->tensor(name);
+      if (parts[i].sizes() != at::IntArrayRef(shape)) {
         throw Error(ErrorKind::kCacheFile, "tensor has the wrong shape for its span",
                     {path, 0, 0, "tensor '" + name + "'"});
       }
-      // Copy off the mapping onto the model's device, so the file may be replaced later.
-      t = t.to(model.tensor_options(), /*non_blocking=*/false, /*copy=*/true);
-      (kind == 'k' ? states.k : states.v) = t;
     }
-    states.begin = static_cast<int64_t>(span.begin);
+    // Copied off the mapping onto the model's device, so the file may be replaced later.
+    SpanStates states =
+        SpanStates::from_block(torch::stack({parts[0], parts[1]}, 1).to(model.tensor_options()),
+                               static_cast<int64_t>(span.begin));
     loaded.emplace(s, std::move(states));
   }
   store.erase_schema(layout.schema_name);

@@ -142,15 +142,9 @@ CompileReport ModuleCompiler::compile(const pml::Layout& layout, CacheStore& sto
       const int64_t begin = static_cast<int64_t>(slot_of[i]);
       const int64_t n = static_cast<int64_t>(slot_of[i + 1] - slot_of[i]);
       if (n == 0) continue;
-      std::vector<torch::Tensor> ks, vs;
-      for (int64_t l = 0; l < cache.layers(); ++l) {
-        ks.push_back(cache.key_slots(l, begin, n)[0]);
-        vs.push_back(cache.value_slots(l, begin, n)[0]);
-      }
-      SpanStates states;
-      states.k = torch::stack(ks);
-      states.v = torch::stack(vs);
-      states.begin = static_cast<int64_t>(layout.spans[s].begin);
+      // Batch row 0 of every layer's K and V, copied out of the pass's cache.
+      SpanStates states = SpanStates::from_block(cache.all_slots(begin, n).select(2, 0).clone(),
+                                                 static_cast<int64_t>(layout.spans[s].begin));
       report.tokens_stored += n;
       store.put(layout.schema_name, s, std::move(states));
     }

@@ -12,15 +12,25 @@ KVCache::KVCache(const KVCacheShape& shape, torch::TensorOptions options)
       shape.capacity < 0) {
     throw Error(ErrorKind::kInvalidArgument, "KV cache shape must be positive");
   }
-  k_.reserve(shape.layers);
-  v_.reserve(shape.layers);
-  for (int64_t l = 0; l < shape.layers; ++l) {
-    k_.push_back(
-        torch::empty({shape.batch, shape.kv_heads, shape.capacity, shape.head_dim}, options));
-    v_.push_back(
-        torch::empty({shape.batch, shape.kv_heads, shape.capacity, shape.head_dim}, options));
-  }
+  allocate(shape.capacity);
   positions_.reserve(shape.capacity);
+}
+
+void KVCache::allocate(int64_t capacity) {
+  // One buffer for all layers, K and V: [layers, 2, batch, kv_heads, capacity, head_dim]. The
+  // per-layer K/V tensors are views of it, and all_slots() copies a whole span in one call.
+  all_ = torch::empty({shape_.layers, 2, shape_.batch, shape_.kv_heads, capacity, shape_.head_dim},
+                      options_);
+  k_.clear();
+  v_.clear();
+  for (int64_t l = 0; l < shape_.layers; ++l) {
+    k_.push_back(all_[l][0]);
+    v_.push_back(all_[l][1]);
+  }
+}
+
+torch::Tensor KVCache::all_slots(int64_t begin, int64_t count) const {
+  return all_.narrow(4, begin, count);
 }
 
 torch::Tensor KVCache::keys(int64_t layer) const {
@@ -63,16 +73,9 @@ void KVCache::fill_external(int64_t count, const std::vector<int64_t>& positions
 
 void KVCache::reserve(int64_t capacity) {
   if (capacity <= shape_.capacity) return;
-  for (int64_t l = 0; l < shape_.layers; ++l) {
-    auto grow = [&](torch::Tensor& buffer) {
-      auto bigger =
-          torch::empty({shape_.batch, shape_.kv_heads, capacity, shape_.head_dim}, options_);
-      bigger.narrow(2, 0, length_).copy_(buffer.narrow(2, 0, length_));
-      buffer = bigger;
-    };
-    grow(k_[l]);
-    grow(v_[l]);
-  }
+  const torch::Tensor old = all_;
+  allocate(capacity);
+  all_.narrow(4, 0, length_).copy_(old.narrow(4, 0, length_));
   shape_.capacity = capacity;
 }
 

@@ -1,8 +1,7 @@
 // promptcache/cache/store.hpp — where compiled module states live.
 //
 // Keyed by schema name and span index (pml::Layout::spans). Each entry holds the span's K (RoPE
-// applied at its reserved positions) and V for every layer, laid out [layers, kv_heads, n,
-// head_dim] so that assembly copies one contiguous block per layer and KV head.
+// applied at its reserved positions) and V for every layer in one block.
 #pragma once
 
 #include <torch/types.h>
@@ -14,12 +13,24 @@
 namespace promptcache {
 
 struct SpanStates {
-  torch::Tensor k;  // [layers, kv_heads, n, head_dim]
+  // [layers, 2 (K, V), kv_heads, n, head_dim]: one block, so assembly copies a span in one call.
+  torch::Tensor kv;
+  torch::Tensor k;  // view of kv: [layers, kv_heads, n, head_dim]
   torch::Tensor v;
   int64_t begin = 0;  // position id of the first token; tokens sit at begin .. begin + n - 1
   int64_t length() const { return k.defined() ? k.size(2) : 0; }
   // Exactly 2 x layers x kv_heads x n x head_dim x dtype size.
-  int64_t bytes() const { return k.defined() ? 2 * k.numel() * k.element_size() : 0; }
+  int64_t bytes() const { return kv.defined() ? kv.numel() * kv.element_size() : 0; }
+
+  // Wraps a [layers, 2, kv_heads, n, head_dim] block.
+  static SpanStates from_block(torch::Tensor kv, int64_t begin) {
+    SpanStates s;
+    s.kv = std::move(kv);
+    s.k = s.kv.select(1, 0);
+    s.v = s.kv.select(1, 1);
+    s.begin = begin;
+    return s;
+  }
 };
 
 class CacheStore {

@@ -41,6 +41,10 @@ class KVCache {
   torch::Tensor key_slots(int64_t layer, int64_t begin, int64_t count) const;
   torch::Tensor value_slots(int64_t layer, int64_t begin, int64_t count) const;
 
+  // Slots [begin, begin + count) of every layer's K and V at once:
+  // [layers, 2 (K, V), batch, kv_heads, count, head_dim].
+  torch::Tensor all_slots(int64_t begin, int64_t count) const;
+
   // Writes k, v ([batch, kv_heads, n, head_dim]) into slots [length, length + n) of one layer.
   // The length advances only on commit(), after every layer has written its part.
   void write_pending(int64_t layer, const torch::Tensor& k, const torch::Tensor& v);
@@ -64,9 +68,12 @@ class KVCache {
   int64_t bytes_per_token() const;
 
  private:
+  void allocate(int64_t capacity);
+
   KVCacheShape shape_;
   torch::TensorOptions options_;
-  std::vector<torch::Tensor> k_;  // per layer [batch, kv_heads, capacity, head_dim]
+  torch::Tensor all_;             // [layers, 2, batch, kv_heads, capacity, head_dim]
+  std::vector<torch::Tensor> k_;  // per layer views of all_: [batch, kv_heads, capacity, head_dim]
   std::vector<torch::Tensor> v_;
   int64_t length_ = 0;
   std::vector<int64_t> positions_;
