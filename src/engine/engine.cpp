@@ -120,7 +120,8 @@ Engine::Prefill Engine::prefill(const pml::ResolvedPrompt& resolved, KVCache& ca
     out.assembled = Assembler().assemble(resolved, lay, store_, cache, extra_capacity);
   } else {
     // The baseline: the same tokens as one ordinary prefill at positions 0..n-1.
-    cache = model_->make_cache(static_cast<int64_t>(resolved.baseline.size()) + extra_capacity);
+    cache.clear();
+    cache.reserve(static_cast<int64_t>(resolved.baseline.size()) + extra_capacity);
     out.assembled.fresh_tokens = resolved.baseline;
     for (std::size_t i = 0; i < resolved.baseline.size(); ++i) {
       out.assembled.fresh_positions.push_back(static_cast<int64_t>(i));
