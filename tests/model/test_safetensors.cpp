@@ -2,6 +2,7 @@
 #include "support/catch_torch.hpp"
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "promptcache/error.hpp"
@@ -59,6 +60,59 @@ TEST_CASE("mmapped tensors alias the mapping and outlive the file object", "[saf
   CHECK(torch::equal(w, big));
   // Header + data: the data starts 8 + header bytes into the file, 8-byte aligned.
   CHECK(reinterpret_cast<std::uintptr_t>(w.data_ptr()) % 8 == 0);
+  // The bytes lie inside a mapping of the file itself (/proc/self/maps), not in a heap copy.
+  const auto addr = reinterpret_cast<std::uintptr_t>(w.data_ptr());
+  std::ifstream maps("/proc/self/maps");
+  bool inside = false;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("m.safetensors") == std::string::npos) continue;
+    const auto dash = line.find('-'), space = line.find(' ');
+    const auto lo = std::stoull(line.substr(0, dash), nullptr, 16);
+    const auto hi = std::stoull(line.substr(dash + 1, space - dash - 1), nullptr, 16);
+    if (addr >= lo && addr + big.numel() * sizeof(float) <= hi) inside = true;
+  }
+  CHECK(inside);
+}
+
+TEST_CASE("tensors of one file are views at their offsets in one mapping", "[safetensors]") {
+  test::TempDir dir;
+  const auto a = torch::randn({16}), b = torch::randn({8, 4});
+  write_safetensors(dir.file("v.safetensors"), {{"a", a}, {"b", b}});
+  const auto f = SafetensorsFile::open(dir.file("v.safetensors"));
+  const auto& ea = f->entries().at("a");
+  const auto& eb = f->entries().at("b");
+  const auto* pa = static_cast<const char*>(f->tensor("a").data_ptr());
+  const auto* pb = static_cast<const char*>(f->tensor("b").data_ptr());
+  CHECK(pb - pa == static_cast<std::ptrdiff_t>(eb.begin) - static_cast<std::ptrdiff_t>(ea.begin));
+  CHECK(ea.end - ea.begin == 16 * sizeof(float));
+}
+
+TEST_CASE("the writer pads the header, records format pt, and leaves no temp file",
+          "[safetensors]") {
+  test::TempDir dir;
+  const auto t = torch::arange(12, torch::kFloat32).view({3, 4}).t();  // not contiguous
+  write_safetensors(dir.file("w.safetensors"), {{"t", t}, {"flag", torch::ones({3}, torch::kBool)}},
+                    {{"source", "test"}});
+  std::ifstream in(dir.file("w.safetensors"), std::ios::binary);
+  unsigned char len[8];
+  in.read(reinterpret_cast<char*>(len), 8);
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
+  CHECK(n % 8 == 0);
+  const auto f = SafetensorsFile::open(dir.file("w.safetensors"));
+  CHECK(f->metadata().at("format") == "pt");
+  CHECK(f->metadata().at("source") == "test");
+  CHECK(torch::equal(f->tensor("t"), t.contiguous()));
+  CHECK(f->tensor("flag").scalar_type() == torch::kBool);
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    (void)e;
+    ++files;
+  }
+  CHECK(files == 1);  // the temp file was renamed into place
+  // Without metadata there is no __metadata__ entry at all.
+  write_safetensors(dir.file("plain.safetensors"), {{"t", t}});
+  CHECK(SafetensorsFile::open(dir.file("plain.safetensors"))->metadata().empty());
 }
 
 TEST_CASE("checkpoint folders: single file, index.json shards, and errors", "[safetensors]") {
@@ -82,6 +136,31 @@ TEST_CASE("checkpoint folders: single file, index.json shards, and errors", "[sa
   CHECK_THROWS_WITH(SafetensorsCheckpoint::open_folder(dir.file("empty")),
                     Catch::Contains("empty"));
   CHECK_THROWS_AS(SafetensorsCheckpoint::open_folder(dir.file("missing")), Error);
+
+  // No index, no model.safetensors: every *.safetensors file, in name order.
+  std::filesystem::create_directories(dir.path() / "loose");
+  write_safetensors(dir.file("loose/z.safetensors"), {{"b", b}});
+  write_safetensors(dir.file("loose/a.safetensors"), {{"a", a}});
+  const auto loose = SafetensorsCheckpoint::open_folder(dir.file("loose"));
+  CHECK(loose.names() == std::vector<std::string>{"a", "b"});
+  CHECK(torch::equal(loose.tensor("b"), b));
+
+  // model.safetensors wins over other files in the folder.
+  write_safetensors(dir.file("loose/model.safetensors"), {{"only", a}});
+  CHECK(SafetensorsCheckpoint::open_folder(dir.file("loose")).names() ==
+        std::vector<std::string>{"only"});
+
+  // The same tensor in two shards is an error naming the tensor.
+  std::filesystem::create_directories(dir.path() / "dup");
+  write_safetensors(dir.file("dup/x.safetensors"), {{"a", a}});
+  write_safetensors(dir.file("dup/y.safetensors"), {{"a", a}});
+  try {
+    SafetensorsCheckpoint::open_folder(dir.file("dup"));
+    FAIL("accepted a tensor in two shards");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::kModel);
+    CHECK_THAT(e.what(), Catch::Contains("tensor 'a'") && Catch::Contains("dup"));
+  }
 }
 
 TEST_CASE("malformed safetensors files are rejected with the file and tensor named",
@@ -104,8 +183,16 @@ TEST_CASE("malformed safetensors files are rejected with the file and tensor nam
        "negative"},
       {"begin after end", R"({"t": {"dtype": "F32", "shape": [1], "data_offsets": [4, 0]}})", 4,
        "begin"},
-      {"past the end", R"({"t": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}})", 8, "t"},
-      {"size mismatch", R"({"t": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", 8, "t"},
+      {"entry missing offsets", R"({"t": {"dtype": "F32", "shape": [1]}})", 4, "data_offsets"},
+      {"fractional dim", R"({"t": {"dtype": "F32", "shape": [1.5], "data_offsets": [0, 4]}})", 4,
+       "integer"},
+      {"offsets not a pair", R"({"t": {"dtype": "F32", "shape": [1], "data_offsets": [0]}})", 4,
+       "data_offsets"},
+      {"past the end", R"({"t": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}})", 8,
+       "beyond the data section"},
+      {"size mismatch", R"({"t": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", 8,
+       "shape x dtype"},
+      {"entry not an object", R"({"t": 5})", 0, "object"},
       {"overlap",
        R"({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
            "u": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",
@@ -124,6 +211,10 @@ TEST_CASE("malformed safetensors files are rejected with the file and tensor nam
     } catch (const Error& e) {
       CHECK(e.kind() == ErrorKind::kSafetensors);
       CHECK_THAT(e.what(), Catch::Contains(path) && Catch::Contains(b.expect));
+      // Errors about one entry name it.
+      if (b.header.find(R"("t")") != std::string::npos) {
+        CHECK_THAT(e.what(), Catch::Contains("tensor '"));
+      }
     }
   }
   // A file too short for the length prefix, and one that does not exist.
