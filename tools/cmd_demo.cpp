@@ -7,6 +7,7 @@
 #include <random>
 #include <sstream>
 
+#include "docqa.hpp"
 #include "engine_setup.hpp"
 #include "promptcache/builtin_data.hpp"
 #include "promptcache/model/synthetic.hpp"
@@ -25,11 +26,7 @@ std::string demo_schema(int documents, int64_t budget, const Tokenizer& tokenize
     if (l.empty()) continue;
     used += static_cast<int64_t>(tokenizer.encode(l).size()) + 1;
     if (used > budget) break;
-    for (char c : l)
-      docs[d] += c == '<'   ? std::string("&lt;")
-                 : c == '&' ? std::string("&amp;")
-                            : std::string(1, c);
-    docs[d] += " ";
+    docs[d] += docqa::xml_escape(l) + " ";
     d = (d + 1) % documents;
   }
   std::string xml =

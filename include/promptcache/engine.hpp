@@ -114,6 +114,7 @@ class Engine {
     pml::Layout layout;
     CompileReport report;
   };
+  const SchemaEntry& entry(const std::string& schema) const;  // Error(kUnknownSchema) if absent
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
   EngineOptions options_;

@@ -82,20 +82,20 @@ const pml::Layout& Engine::add_schema_string(const std::string& xml, const std::
   return add_schema(pml::parse_schema_string(xml, origin, base_dir), progress);
 }
 
-const pml::Layout& Engine::layout(const std::string& schema) const {
+const Engine::SchemaEntry& Engine::entry(const std::string& schema) const {
   auto it = schemas_.find(schema);
   if (it == schemas_.end()) {
     throw Error(ErrorKind::kUnknownSchema, "schema '" + schema + "' is not loaded");
   }
-  return it->second.layout;
+  return it->second;
+}
+
+const pml::Layout& Engine::layout(const std::string& schema) const {
+  return entry(schema).layout;
 }
 
 const CompileReport& Engine::compile_report(const std::string& schema) const {
-  auto it = schemas_.find(schema);
-  if (it == schemas_.end()) {
-    throw Error(ErrorKind::kUnknownSchema, "schema '" + schema + "' is not loaded");
-  }
-  return it->second.report;
+  return entry(schema).report;
 }
 
 pml::ResolvedPrompt Engine::resolve(const pml::Prompt& prompt) const {
