@@ -56,5 +56,8 @@ GenerationResult generate(const LlamaModel& model, const Tokenizer& tokenizer,
 
 // Milliseconds on a monotonic clock (for timings across calls).
 double now_ms();
+// Blocks until the device work queued on t's device is done (no-op on the CPU), so that a
+// timing measures the work and not only its launch.
+void synchronize(const torch::Tensor& t);
 
 }  // namespace promptcache

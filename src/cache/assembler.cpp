@@ -75,6 +75,7 @@ AssembledPrompt Assembler::assemble(const pml::ResolvedPrompt& prompt, const pml
   if (out.fresh_tokens.empty()) {
     throw Error(ErrorKind::kPrompt, "the prompt selects no tokens at all", layout.root().where);
   }
+  if (!copies.empty()) synchronize(cache.all_slots(0, 1));
   out.ms = now_ms() - start;
   return out;
 }

@@ -57,7 +57,8 @@ std::vector<std::size_t> encoding_context(const pml::Layout& layout, std::size_t
 namespace {
 
 void run_tokens(const LlamaModel& model, KVCache& cache, const std::vector<TokenId>& tokens,
-                const std::vector<int64_t>& positions, std::size_t from, int64_t chunk) {
+                const std::vector<int64_t>& positions, std::size_t from, int64_t chunk,
+                int64_t& forwards) {
   const auto options = torch::TensorOptions().dtype(torch::kInt64);
   for (std::size_t i = from; i < tokens.size(); i += static_cast<std::size_t>(chunk)) {
     const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(chunk), tokens.size() - i);
@@ -65,8 +66,40 @@ void run_tokens(const LlamaModel& model, KVCache& cache, const std::vector<Token
     std::vector<int64_t> pos(positions.begin() + i, positions.begin() + i + n);
     model.forward(torch::tensor(ids, options).unsqueeze(0),
                   torch::tensor(pos, options).unsqueeze(0), cache);
+    ++forwards;
   }
 }
+
+// A pass laid out as one token sequence: its tokens and positions, and where each span starts.
+struct PassTokens {
+  std::vector<TokenId> tokens;
+  std::vector<int64_t> positions;
+  std::vector<std::size_t> slot_of;  // slot of each span of the pass, plus the end
+};
+
+PassTokens lay_out(const pml::Layout& layout, const EncodingPass& pass) {
+  PassTokens out;
+  out.slot_of.assign(pass.spans.size() + 1, 0);
+  for (std::size_t i = 0; i < pass.spans.size(); ++i) {
+    const pml::Span& span = layout.spans[pass.spans[i]];
+    out.slot_of[i] = out.tokens.size();
+    for (std::size_t t = 0; t < span.size(); ++t) {
+      out.tokens.push_back(span.tokens[t]);
+      out.positions.push_back(static_cast<int64_t>(span.begin + t));
+    }
+  }
+  out.slot_of[pass.spans.size()] = out.tokens.size();
+  return out;
+}
+
+// A pass still to run: the part of it after the prefix it shares with the base pass.
+struct PendingPass {
+  std::size_t index = 0;  // into the pass list
+  PassTokens laid;
+  std::size_t shared_spans = 0;  // leading spans identical to the base pass's
+  int64_t shared_slots = 0;      // their tokens (slots [0, shared_slots) of the base cache)
+  int64_t suffix() const { return static_cast<int64_t>(laid.tokens.size()) - shared_slots; }
+};
 
 }  // namespace
 
@@ -93,69 +126,131 @@ CompileReport ModuleCompiler::compile(const pml::Layout& layout, CacheStore& sto
     for (std::size_t s : pass.spans) progress.tokens_total += layout.spans[s].size();
   }
   store.erase_schema(layout.schema_name);
+  const int64_t chunk = options.chunk_tokens;
 
-  // The first pass's cache is kept: later passes share its prefix (everything before the union
-  // member they swap in) and start from a copy of it instead of recomputing.
-  KVCache base;
-  std::vector<std::size_t> base_spans;
-  std::vector<std::size_t> base_slots;  // slot offset of each base span, plus the end
-  for (std::size_t p = 0; p < passes.size(); ++p) {
-    const EncodingPass& pass = passes[p];
-    std::vector<TokenId> tokens;
-    std::vector<int64_t> positions;
-    std::vector<std::size_t> slot_of(pass.spans.size() + 1, 0);
-    for (std::size_t i = 0; i < pass.spans.size(); ++i) {
-      const pml::Span& span = layout.spans[pass.spans[i]];
-      slot_of[i] = tokens.size();
-      for (std::size_t t = 0; t < span.size(); ++t) {
-        tokens.push_back(span.tokens[t]);
-        positions.push_back(static_cast<int64_t>(span.begin + t));
-      }
-    }
-    slot_of[pass.spans.size()] = tokens.size();
-    if (tokens.empty()) continue;
-
-    KVCache cache = model_.make_cache(static_cast<int64_t>(tokens.size()));
-    std::size_t shared = 0;  // spans copied from the base pass
-    if (p > 0 && options.mode == EncodingMode::kScaffold) {
-      while (shared < pass.spans.size() && shared < base_spans.size() &&
-             pass.spans[shared] == base_spans[shared]) {
-        ++shared;
-      }
-      const int64_t slots = static_cast<int64_t>(base_slots[shared]);
-      if (slots > 0) {
-        for (int64_t l = 0; l < cache.layers(); ++l) {
-          cache.key_slots(l, 0, slots).copy_(base.key_slots(l, 0, slots));
-          cache.value_slots(l, 0, slots).copy_(base.value_slots(l, 0, slots));
-        }
-        cache.fill_external(slots,
-                            std::vector<int64_t>(positions.begin(), positions.begin() + slots));
-      }
-    }
-    const std::size_t from = slot_of[shared];
-    run_tokens(model_, cache, tokens, positions, from, options.chunk_tokens);
-    report.tokens_run += static_cast<int64_t>(tokens.size() - from);
-
+  // Copies a pass's stored spans out of `cache`; slot_in_cache maps a pass slot to a cache slot.
+  auto keep = [&](const EncodingPass& pass, const PassTokens& laid, const KVCache& cache,
+                  const std::function<int64_t(int64_t)>& slot_in_cache) {
     for (std::size_t s : pass.stored) {
       const std::size_t i = static_cast<std::size_t>(
           std::find(pass.spans.begin(), pass.spans.end(), s) - pass.spans.begin());
-      const int64_t begin = static_cast<int64_t>(slot_of[i]);
-      const int64_t n = static_cast<int64_t>(slot_of[i + 1] - slot_of[i]);
+      const int64_t begin = static_cast<int64_t>(laid.slot_of[i]);
+      const int64_t n = static_cast<int64_t>(laid.slot_of[i + 1]) - begin;
       if (n == 0) continue;
-      // Batch row 0 of every layer's K and V, copied out of the pass's cache.
-      SpanStates states = SpanStates::from_block(cache.all_slots(begin, n).select(2, 0).clone(),
-                                                 static_cast<int64_t>(layout.spans[s].begin));
+      // Batch row 0 of every layer's K and V, copied out of the cache.
+      SpanStates states =
+          SpanStates::from_block(cache.all_slots(slot_in_cache(begin), n).select(2, 0).clone(),
+                                 static_cast<int64_t>(layout.spans[s].begin));
       report.tokens_stored += n;
       store.put(layout.schema_name, s, std::move(states));
     }
-    progress.pass = p + 1;
-    progress.tokens_done += static_cast<int64_t>(tokens.size());
+  };
+  auto finished = [&](std::size_t pass_index, int64_t tokens) {
+    progress.pass = pass_index + 1;
+    progress.tokens_done += tokens;
     if (options.on_progress) options.on_progress(progress);
-    if (p == 0) {
-      base = std::move(cache);
-      base_spans = pass.spans;
-      base_slots = slot_of;
+  };
+
+  // Scaffold mode: the first pass is the base. Later passes share its prefix (everything before
+  // the union member they swap in) and run only the rest. Isolated mode: passes share nothing,
+  // the base is empty.
+  const bool scaffold = options.mode == EncodingMode::kScaffold;
+  PassTokens base_laid;
+  if (scaffold && !passes.empty()) base_laid = lay_out(layout, passes[0]);
+  const int64_t base_length = static_cast<int64_t>(base_laid.tokens.size());
+  const bool more = passes.size() > (scaffold ? 1u : 0u);
+  KVCache base = model_.make_cache(base_length + (more ? chunk : 0));
+  if (base_length > 0) {
+    run_tokens(model_, base, base_laid.tokens, base_laid.positions, 0, chunk, report.forwards);
+    report.tokens_run += base_length;
+    keep(passes[0], base_laid, base, [](int64_t slot) { return slot; });
+  }
+  if (scaffold && !passes.empty()) finished(0, base_length);
+
+  std::vector<PendingPass> pending;
+  for (std::size_t p = scaffold ? 1 : 0; p < passes.size(); ++p) {
+    PendingPass pass;
+    pass.index = p;
+    pass.laid = lay_out(layout, passes[p]);
+    if (scaffold) {
+      const auto& spans = passes[p].spans;
+      const auto& base_spans = passes[0].spans;
+      while (pass.shared_spans < spans.size() && pass.shared_spans < base_spans.size() &&
+             spans[pass.shared_spans] == base_spans[pass.shared_spans]) {
+        ++pass.shared_spans;
+      }
+      pass.shared_slots = static_cast<int64_t>(base_laid.slot_of[pass.shared_spans]);
     }
+    pending.push_back(std::move(pass));
+  }
+
+  const auto int64 = torch::TensorOptions().dtype(torch::kInt64);
+  for (std::size_t next = 0; next < pending.size();) {
+    const PendingPass& first = pending[next];
+    if (first.suffix() == 0) {  // everything it stores is in the shared prefix
+      keep(passes[first.index], first.laid, base, [](int64_t slot) { return slot; });
+      finished(first.index, static_cast<int64_t>(first.laid.tokens.size()));
+      ++next;
+      continue;
+    }
+    if (first.suffix() > chunk || !options.batch_passes) {
+      // Too long to share a forward (or batching is off): its own cache, starting from a copy of
+      // the shared prefix, run in chunks.
+      KVCache cache = model_.make_cache(static_cast<int64_t>(first.laid.tokens.size()));
+      const int64_t slots = first.shared_slots;
+      if (slots > 0) {
+        cache.all_slots(0, slots).copy_(base.all_slots(0, slots));
+        cache.fill_external(slots, std::vector<int64_t>(first.laid.positions.begin(),
+                                                        first.laid.positions.begin() + slots));
+      }
+      run_tokens(model_, cache, first.laid.tokens, first.laid.positions,
+                 static_cast<std::size_t>(slots), chunk, report.forwards);
+      report.tokens_run += first.suffix();
+      keep(passes[first.index], first.laid, cache, [](int64_t slot) { return slot; });
+      finished(first.index, static_cast<int64_t>(first.laid.tokens.size()));
+      ++next;
+      continue;
+    }
+    // Short passes go together, as many as fit in one chunk: their rest is appended after the
+    // base and a block mask lets each token see its shared prefix and its own pass only.
+    std::size_t end = next;
+    int64_t batch = 0;
+    while (end < pending.size() && pending[end].suffix() > 0 &&
+           batch + pending[end].suffix() <= chunk) {
+      batch += pending[end].suffix();
+      ++end;
+    }
+    std::vector<int64_t> ids, pos;
+    std::vector<int64_t> offsets;  // where each pass's rest starts in the batch
+    auto mask = torch::zeros({batch, base_length + batch}, torch::kBool);
+    auto visible = mask.accessor<bool, 2>();
+    for (std::size_t q = next; q < end; ++q) {
+      const PendingPass& pass = pending[q];
+      const int64_t offset = static_cast<int64_t>(ids.size());
+      offsets.push_back(offset);
+      ids.insert(ids.end(), pass.laid.tokens.begin() + pass.shared_slots, pass.laid.tokens.end());
+      pos.insert(pos.end(), pass.laid.positions.begin() + pass.shared_slots,
+                 pass.laid.positions.end());
+      for (int64_t r = 0; r < pass.suffix(); ++r) {
+        for (int64_t c = 0; c < pass.shared_slots; ++c) visible[offset + r][c] = true;
+        for (int64_t c = 0; c <= r; ++c) visible[offset + r][base_length + offset + c] = true;
+      }
+    }
+    ForwardOptions forward;
+    forward.attention_mask = mask;
+    model_.forward(torch::tensor(ids, int64).unsqueeze(0), torch::tensor(pos, int64).unsqueeze(0),
+                   base, forward);
+    ++report.forwards;
+    report.tokens_run += batch;
+    for (std::size_t q = next; q < end; ++q) {
+      const PendingPass& pass = pending[q];
+      const int64_t shift = base_length + offsets[q - next] - pass.shared_slots;
+      keep(passes[pass.index], pass.laid, base,
+           [&](int64_t slot) { return slot < pass.shared_slots ? slot : slot + shift; });
+      finished(pass.index, static_cast<int64_t>(pass.laid.tokens.size()));
+    }
+    base.truncate(base_length);
+    next = end;
   }
   report.bytes = store.bytes(layout.schema_name);
   report.ms = now_ms() - start;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include <torch/cuda.h>
+
 #include "promptcache/error.hpp"
 
 namespace promptcache {
@@ -30,12 +32,11 @@ double now_ms() {
   return std::chrono::duration<double, std::milli>(clock::now().time_since_epoch()).count();
 }
 
-namespace {
-
-// Blocks on pending device work so that timings measure the work, not its launch.
 void synchronize(const torch::Tensor& t) {
-  if (t.is_cuda()) (void)t.sum().item<float>();
+  if (t.defined() && t.is_cuda()) torch::cuda::synchronize(t.device().index());
 }
+
+namespace {
 
 // Length of the longest prefix of `s` that is a complete UTF-8 sequence run.
 std::size_t complete_utf8_prefix(const std::string& s) {

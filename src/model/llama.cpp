@@ -193,7 +193,8 @@ std::pair<torch::Tensor, torch::Tensor> LlamaModel::rope_tables(
 
 torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const torch::Tensor& x,
                                     const torch::Tensor& cos, const torch::Tensor& sin,
-                                    KVCache& cache, const torch::Tensor& mask, bool causal) const {
+                                    KVCache& cache, const torch::Tensor& mask, bool causal,
+                                    int64_t open_slots) const {
   const int64_t b = x.size(0), n = x.size(1), d = config_.head_dim;
   const int64_t hq = config_.num_attention_heads, hkv = config_.num_key_value_heads;
   const int64_t groups = hq / hkv;
@@ -215,12 +216,15 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
   c10::optional<torch::Tensor> grouped_mask;
   if (mask.defined()) grouped_mask = mask.repeat({groups, 1});
   out = at::scaled_dot_product_attention(qg, keys, values, grouped_mask);
+  (void)causal;  // the mask says it all for SDPA
+  (void)open_slots;
 #else
   // Queries go in blocks: score memory stays bounded, and under the causal rule a block needs
   // only the keys up to its own last row (half the work of a full square for a long prefill).
   constexpr int64_t kBlock = 256;
   const int64_t past = total - n;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  // Scaling the queries costs n x d per head instead of n x slots for the scores.
+  q = q * (1.0 / std::sqrt(static_cast<double>(d)));
   if (n > kBlock) out = torch::empty({b, hq, n, d}, q.options());
   for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
     const int64_t rows = std::min(kBlock, n - i0);
@@ -228,10 +232,13 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
     auto qb = q.narrow(2, i0, rows).reshape({b, hkv, groups * rows, d});
     auto scores = torch::matmul(qb, keys.narrow(2, 0, visible).transpose(-1, -2));
     if (scores.scalar_type() != torch::kFloat32) scores = scores.to(torch::kFloat32);
-    scores.mul_(scale);
-    if (mask.defined()) {
+    // Slots every row of this block sees need no masking: only the rest of the columns is
+    // filled (for fresh tokens over assembled modules, that is a few columns out of thousands).
+    const int64_t open = std::min(visible, causal ? std::max(open_slots, past + i0) : open_slots);
+    if (mask.defined() && open < visible) {
       scores.view({b, hkv, groups, rows, visible})
-          .masked_fill_(mask.narrow(0, i0, rows).narrow(1, 0, visible).logical_not(),
+          .narrow(-1, open, visible - open)
+          .masked_fill_(mask.narrow(0, i0, rows).narrow(1, open, visible - open).logical_not(),
                         -std::numeric_limits<float>::infinity());
     }
     auto block =
@@ -271,6 +278,7 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
   }
   const int64_t past = cache.length();
   torch::Tensor mask = options.attention_mask;
+  int64_t open_slots = past;  // leading slots that every new token sees
   if (mask.defined()) {
     if (mask.dim() != 2 || mask.size(0) != n || mask.size(1) != past + n) {
       throw Error(ErrorKind::kInvalidArgument, "attention mask must be [" + std::to_string(n) +
@@ -278,6 +286,9 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
                                                    shape_string(mask.sizes()));
     }
     mask = mask.to(options_.device, torch::kBool);
+#if TORCH_VERSION_MAJOR < 2
+    open_slots = mask.all(0).to(torch::kInt32).cumprod(0).sum().item<int64_t>();
+#endif
   } else if (n > 1) {
     // Every cached slot, plus the new tokens causally.
     auto cols = torch::arange(past + n, torch::TensorOptions().device(options_.device));
@@ -293,7 +304,7 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
     const Layer& layer = layers_[i];
     x = x + attention(layer, static_cast<int64_t>(i),
                       rms_norm(x, layer.input_norm, config_.rms_norm_eps), cos, sin, cache, mask,
-                      /*causal=*/!options.attention_mask.defined());
+                      /*causal=*/!options.attention_mask.defined(), open_slots);
     auto h = rms_norm(x, layer.post_norm, config_.rms_norm_eps);
     x = x +
         torch::linear(torch::silu(torch::linear(h, layer.w_gate)) * torch::linear(h, layer.w_up),

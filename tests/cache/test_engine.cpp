@@ -19,6 +19,50 @@ const char* kSchema = R"(<schema name="trip">
   <module name="live" cache="false">Today is a new day.</module>
   <module name="who">The guide is <parameter name="guide" length="4" scaffold="Tom"/> today.</module>
 </schema>)";
+const char* kOpenings = R"(<schema name="openings">
+  A story.
+  <union scaffold="forest">
+    <module name="forest">In a forest lived a fox.</module>
+    <module name="sea">By the sea lived an old fisher and his cat.</module>
+    <module name="town">In a small town there was a baker.</module>
+  </union>
+  <module name="end">One day something happened.</module>
+</schema>)";
+
+// Largest difference between the stored K/V of `span` and a direct causal forward over the span's
+// encoding context followed by the span itself.
+double stored_states_error(const LlamaModel& model, const pml::Layout& layout,
+                           const CacheStore& store, std::size_t span_index, EncodingMode mode) {
+  const auto& span = layout.spans[span_index];
+  std::vector<int64_t> ids, pos;
+  for (std::size_t s : encoding_context(layout, span_index, mode)) {
+    for (std::size_t t = 0; t < layout.spans[s].size(); ++t) {
+      ids.push_back(layout.spans[s].tokens[t]);
+      pos.push_back(static_cast<int64_t>(layout.spans[s].begin + t));
+    }
+  }
+  const auto context = static_cast<int64_t>(ids.size());
+  for (std::size_t t = 0; t < span.size(); ++t) {
+    ids.push_back(span.tokens[t]);
+    pos.push_back(static_cast<int64_t>(span.begin + t));
+  }
+  KVCache direct = model.make_cache(static_cast<int64_t>(ids.size()));
+  model.forward(torch::tensor(ids).unsqueeze(0), torch::tensor(pos).unsqueeze(0), direct);
+  const auto* st = store.find(layout.schema_name, span_index);
+  REQUIRE(st != nullptr);
+  REQUIRE(st->length() == static_cast<int64_t>(span.size()));
+  double worst = 0;
+  for (int64_t l = 0; l < direct.layers(); ++l) {
+    worst = std::max(
+        worst,
+        (direct.key_slots(l, context, st->length())[0] - st->k[l]).abs().max().item<double>());
+    worst = std::max(
+        worst,
+        (direct.value_slots(l, context, st->length())[0] - st->v[l]).abs().max().item<double>());
+  }
+  return worst;
+}
+
 }  // namespace
 
 TEST_CASE("store byte accounting is exactly 2 x layers x kv_heads x head_dim x dtype", "[cache]") {
@@ -63,27 +107,40 @@ TEST_CASE("compiler shares the scaffold prefix and reports progress", "[cache]")
   // The rainy pass reuses everything before the union, so fewer tokens run than passes hold.
   CHECK(report.tokens_run < seen.back().tokens_total);
   // States of the rainy member equal a direct causal forward over its context.
-  const auto& rainy = layout.module("rainy");
-  const auto& span = layout.spans[rainy.spans[0]];
-  KVCache direct = model->make_cache(64);
-  std::vector<int64_t> ids, pos;
-  for (std::size_t s : encoding_context(layout, rainy.spans[0], EncodingMode::kScaffold)) {
-    for (std::size_t t = 0; t < layout.spans[s].size(); ++t) {
-      ids.push_back(layout.spans[s].tokens[t]);
-      pos.push_back(static_cast<int64_t>(layout.spans[s].begin + t));
+  CHECK(stored_states_error(*model, layout, store, layout.module("rainy").spans[0],
+                            EncodingMode::kScaffold) < 1e-5);
+}
+
+TEST_CASE("short passes share one forward and keep their own states", "[cache]") {
+  auto model = test::tiny_model();
+  auto tok = load_sentencepiece_tokenizer(test::tiny_tokenizer_path());
+  const auto layout =
+      pml::layout(pml::parse_schema_string(kOpenings), *tok, pml::chat_template("plain"));
+  for (EncodingMode mode : {EncodingMode::kScaffold, EncodingMode::kIsolated}) {
+    INFO("mode " << to_string(mode));
+    for (int64_t chunk : {int64_t{512}, int64_t{3}}) {
+      INFO("chunk " << chunk);
+      CacheStore store;
+      CompileOptions options;
+      options.mode = mode;
+      options.chunk_tokens = chunk;
+      std::vector<CompileProgress> seen;
+      options.on_progress = [&](const CompileProgress& p) { seen.push_back(p); };
+      const auto report = ModuleCompiler(*model).compile(layout, store, options);
+      CHECK(seen.size() == report.passes);
+      if (chunk == 512) {
+        // Scaffold: the scaffold pass, then the other two openings (each with the text after
+        // the union) in one forward. Isolated: every module in one forward.
+        CHECK(report.forwards == (mode == EncodingMode::kScaffold ? 2 : 1));
+      } else {
+        CHECK(report.forwards > static_cast<int64_t>(report.passes));  // chunked, unbatched
+      }
+      for (std::size_t s = 0; s < layout.spans.size(); ++s) {
+        if (!layout.spans[s].cacheable || layout.spans[s].size() == 0) continue;
+        INFO("span " << s);
+        CHECK(stored_states_error(*model, layout, store, s, mode) < 1e-5);
+      }
     }
-  }
-  const auto context = static_cast<int64_t>(ids.size());
-  for (std::size_t t = 0; t < span.size(); ++t) {
-    ids.push_back(span.tokens[t]);
-    pos.push_back(static_cast<int64_t>(span.begin + t));
-  }
-  model->forward(torch::tensor(ids).unsqueeze(0), torch::tensor(pos).unsqueeze(0), direct);
-  const auto* st = store.find("trip", rainy.spans[0]);
-  REQUIRE(st != nullptr);
-  for (int64_t l = 0; l < direct.layers(); ++l) {
-    auto k = direct.key_slots(l, context, st->length())[0];
-    CHECK((k - st->k[l]).abs().max().item<double>() < 1e-5);
   }
 }
 

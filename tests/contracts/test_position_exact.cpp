@@ -208,7 +208,8 @@ TEST_CASE("position-exact: assembled cache + fresh tokens equal one masked forwa
   auto tokenizer = load_sentencepiece_tokenizer(test::tiny_tokenizer_path());
   const auto model = test::tiny_model(4);
   const auto tmpl = pml::chat_template("llama-2");
-  int cases = 0, with_unions = 0, with_arguments = 0, with_uncached = 0, with_gaps = 0;
+  int cases = 0, with_batched = 0, with_unions = 0, with_arguments = 0, with_uncached = 0,
+      with_gaps = 0;
   for (std::uint64_t seed = 0; seed < 40; ++seed) {
     const Case c = make_case(seed);
     for (EncodingMode mode : {EncodingMode::kScaffold, EncodingMode::kIsolated}) {
@@ -226,8 +227,10 @@ TEST_CASE("position-exact: assembled cache + fresh tokens equal one masked forwa
       CacheStore store;
       CompileOptions options;
       options.mode = mode;
-      options.chunk_tokens = 7;  // exercise chunked passes
-      ModuleCompiler(*model).compile(layout, store, options);
+      // Odd seeds: chunked passes; even seeds: short passes batched into shared forwards.
+      options.chunk_tokens = seed % 2 ? 7 : 512;
+      const auto report = ModuleCompiler(*model).compile(layout, store, options);
+      with_batched += report.forwards < static_cast<int64_t>(report.passes);
 
       KVCache cache = model->make_cache(0);
       const auto assembled = Assembler().assemble(resolved, layout, store, cache, 0);
@@ -263,11 +266,13 @@ TEST_CASE("position-exact: assembled cache + fresh tokens equal one masked forwa
     }
   }
   WARN("cases " << cases << ", unions " << with_unions << ", arguments " << with_arguments
-                << ", uncached " << with_uncached << ", gaps " << with_gaps);
+                << ", uncached " << with_uncached << ", gaps " << with_gaps << ", batched "
+                << with_batched);
   // The generator really covers the features the contract is about.
   CHECK(cases >= 60);
   CHECK(with_unions >= 10);
   CHECK(with_arguments >= 10);
   CHECK(with_uncached >= 5);
   CHECK(with_gaps >= 10);
+  CHECK(with_batched >= 10);
 }

@@ -6,6 +6,8 @@
 // taken from the pass that stores it (pml::Layout::spans_stored_by), at its reserved positions.
 // Isolated encoding: every module's own spans form a pass of their own, so a module attends only
 // to itself (the paper's description; useful for fidelity experiments).
+// Short passes are batched: their tokens go through one forward call, each seeing only its own
+// pass (and, in scaffold mode, the prefix it shares with the scaffold pass).
 #pragma once
 
 #include <functional>
@@ -32,8 +34,11 @@ struct CompileProgress {
 struct CompileOptions {
   EncodingMode mode = EncodingMode::kScaffold;
   // Tokens per forward call: long passes run in chunks through the KV cache (same result as one
-  // causal forward, bounded attention memory).
+  // causal forward, bounded attention memory), and passes shorter than this run together in one
+  // forward, as many as fit, under a block mask.
   int64_t chunk_tokens = 512;
+  // Off: every pass runs in forwards of its own (for comparison; the states are the same).
+  bool batch_passes = true;
   std::function<void(const CompileProgress&)> on_progress;
 };
 
@@ -41,6 +46,7 @@ struct CompileReport {
   std::size_t passes = 0;
   int64_t tokens_run = 0;     // tokens the model processed (shared prefixes counted once)
   int64_t tokens_stored = 0;  // tokens whose states went into the store
+  int64_t forwards = 0;       // forward calls (short passes share one)
   int64_t bytes = 0;
   double ms = 0;
   // How the states came to be: "compiled", or with a cache file "loaded from FILE",

@@ -76,7 +76,7 @@ class LlamaModel {
   LlamaModel() = default;
   torch::Tensor attention(const Layer& layer, int64_t index, const torch::Tensor& x,
                           const torch::Tensor& cos, const torch::Tensor& sin, KVCache& cache,
-                          const torch::Tensor& mask, bool causal) const;
+                          const torch::Tensor& mask, bool causal, int64_t open_slots) const;
 
   ModelConfig config_;
   LoadOptions options_;

@@ -1,0 +1,79 @@
+// benchmarks/bench_common.hpp — flag parsing and text helpers shared by the benchmarks.
+#pragma once
+
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "promptcache/builtin_data.hpp"
+#include "promptcache/model/tokenizer.hpp"
+
+namespace promptcache::bench {
+
+// "--name value" flags; an unknown flag or one without a value exits with status 2 and says so.
+class Flags {
+ public:
+  Flags(int argc, char** argv, const std::string& program, const std::vector<std::string>& known) {
+    for (int i = 1; i < argc; i += 2) {
+      const std::string flag = argv[i];
+      bool ok = false;
+      for (const auto& k : known) ok = ok || flag == "--" + k;
+      if (!ok || i + 1 >= argc) {
+        std::cerr << program << ": " << (ok ? "missing value for " : "unknown flag ") << flag
+                  << " (flags:";
+        for (const auto& k : known) std::cerr << " --" << k;
+        std::cerr << ")\n";
+        std::exit(2);
+      }
+      values_[flag.substr(2)] = argv[i + 1];
+    }
+  }
+  std::string text(const std::string& name, const std::string& fallback) const {
+    auto it = values_.find(name);
+    return it == values_.end() ? fallback : it->second;
+  }
+  int integer(const std::string& name, int fallback) const {
+    auto it = values_.find(name);
+    return it == values_.end() ? fallback : std::stoi(it->second);
+  }
+  // A comma-separated list of integers: "512,1024".
+  std::vector<int> list(const std::string& name, std::vector<int> fallback) const {
+    auto it = values_.find(name);
+    if (it == values_.end()) return fallback;
+    std::vector<int> out;
+    std::stringstream in(it->second);
+    std::string item;
+    while (std::getline(in, item, ',')) out.push_back(std::stoi(item));
+    return out;
+  }
+
+ private:
+  std::map<std::string, std::string> values_;
+};
+
+// The words of the built-in corpus without characters that are special in XML.
+inline std::vector<std::string> corpus_words() {
+  std::vector<std::string> words;
+  std::istringstream in(builtin_corpus());
+  std::string w;
+  while (in >> w) {
+    std::string clean;
+    for (char c : w) {
+      if (c != '<' && c != '>' && c != '&' && c != '"') clean += c;
+    }
+    if (!clean.empty()) words.push_back(clean);
+  }
+  return words;
+}
+
+// A tokenizer trained on the built-in corpus (as make-model does), written to a temporary file.
+inline std::unique_ptr<Tokenizer> bench_tokenizer() {
+  const std::string path = "/tmp/promptcache-bench-tokenizer.model";
+  train_sentencepiece_tokenizer(builtin_corpus(), 400, path);
+  return load_sentencepiece_tokenizer(path);
+}
+
+}  // namespace promptcache::bench
