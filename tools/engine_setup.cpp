@@ -39,11 +39,12 @@ Engine::ProgressCallback progress_bar() {
 
 void print_stats(const Response& r, bool cached) {
   std::cerr << fmt::format(
-      "[{}: TTFT {:.1f} ms (assembly {:.2f} ms, prefill {:.1f} ms); {} cached + {} fresh prompt "
-      "tokens; {} generated at {:.0f} tok/s]\n",
+      "[{}: TTFT {:.1f} ms (assembly {:.2f} ms, prefill {:.1f} ms); {} cached{} + {} fresh "
+      "prompt tokens; {} generated at {:.0f} tok/s]\n",
       cached ? "cached" : "no cache", r.timings.ttft_ms, r.timings.assembly_ms,
-      r.timings.fresh_prefill_ms, r.cached_tokens, r.fresh_tokens, r.tokens.size(),
-      r.timings.decode_tokens_per_s());
+      r.timings.fresh_prefill_ms, r.cached_tokens,
+      r.reused_tokens > 0 ? fmt::format(" ({} kept from the last request)", r.reused_tokens) : "",
+      r.fresh_tokens, r.tokens.size(), r.timings.decode_tokens_per_s());
 }
 
 }  // namespace promptcache::cli

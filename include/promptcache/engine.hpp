@@ -37,6 +37,9 @@ struct EngineOptions {
 
 struct RequestOptions {
   bool use_cache = true;
+  // Keep the module states the engine's KV buffer still holds from the previous request when
+  // this prompt selects the same leading modules (no copy); false copies every span again.
+  bool reuse_buffer = true;
 };
 
 struct ResponseTimings {
@@ -54,8 +57,9 @@ struct Response {
   StopReason stop_reason = StopReason::kMaxTokens;
   ResponseTimings timings;
   int64_t cached_tokens = 0;  // prompt tokens served from the store
+  int64_t reused_tokens = 0;  // of those, tokens already in the buffer from the previous request
   int64_t fresh_tokens = 0;   // prompt tokens run through the model
-  int64_t kv_bytes = 0;       // bytes assembled
+  int64_t kv_bytes = 0;       // bytes copied into the KV cache
 };
 
 class Engine {
@@ -100,8 +104,9 @@ class Engine {
     AssembledPrompt assembled;
     double prefill_ms = 0;
   };
+  // `reuse`: keep spans `cache` already holds from an earlier prefill (Assembler::assemble).
   Prefill prefill(const pml::ResolvedPrompt& resolved, KVCache& cache, bool use_cache,
-                  int64_t extra_capacity = 0) const;
+                  int64_t extra_capacity = 0, bool reuse = true) const;
 
   const LlamaModel& model() const { return *model_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }

@@ -8,13 +8,14 @@
 namespace promptcache {
 
 AssembledPrompt Assembler::assemble(const pml::ResolvedPrompt& prompt, const pml::Layout& layout,
-                                    const CacheStore& store, KVCache& cache,
-                                    int64_t extra_capacity) const {
+                                    const CacheStore& store, KVCache& cache, int64_t extra_capacity,
+                                    bool reuse) const {
   const double start = now_ms();
   AssembledPrompt out;
   struct Copy {
     const SpanStates* states;
     int64_t slot;
+    SlotSource tag() const { return {states->id, slot, states->length()}; }
   };
   std::vector<Copy> copies;
   std::vector<int64_t> cached_positions;
@@ -56,14 +57,28 @@ AssembledPrompt Assembler::assemble(const pml::ResolvedPrompt& prompt, const pml
   add_fresh(prompt.text_tokens, prompt.text_begin);
 
   const int64_t needed = out.cached_tokens + static_cast<int64_t>(out.fresh_tokens.size());
-  cache.clear();
+  // The leading spans the cache already holds from an earlier request (same blocks, same slots)
+  // stay; everything after them is dropped and copied anew.
+  std::size_t kept = 0;
+  if (reuse) {
+    const auto& held = cache.sources();
+    while (kept < copies.size() && kept < held.size() && held[kept] == copies[kept].tag()) ++kept;
+  }
+  const int64_t kept_slots =
+      kept == 0 ? 0 : copies[kept - 1].slot + copies[kept - 1].states->length();
+  cache.truncate(kept_slots);
   cache.reserve(needed + std::max<int64_t>(extra_capacity, 0));
   // One copy per span: all layers' K and V at once (the batch dimension broadcasts).
-  for (const Copy& c : copies) {
+  for (std::size_t i = kept; i < copies.size(); ++i) {
+    const Copy& c = copies[i];
     cache.all_slots(c.slot, c.states->length()).copy_(c.states->kv.unsqueeze(2));
     out.kv_bytes += c.states->bytes();
   }
-  cache.fill_external(out.cached_tokens, cached_positions);
+  cache.fill_external(
+      out.cached_tokens - kept_slots,
+      std::vector<int64_t>(cached_positions.begin() + kept_slots, cached_positions.end()));
+  for (std::size_t i = kept; i < copies.size(); ++i) cache.tag_source(copies[i].tag());
+  out.reused_tokens = kept_slots;
   if (out.fresh_tokens.empty() && out.cached_tokens > 0) {
     // Nothing fresh: the last cached token is run again so the model has logits to start from
     // (its recomputed states equal the stored ones when it sits at the end of its context).
@@ -75,7 +90,7 @@ AssembledPrompt Assembler::assemble(const pml::ResolvedPrompt& prompt, const pml
   if (out.fresh_tokens.empty()) {
     throw Error(ErrorKind::kPrompt, "the prompt selects no tokens at all", layout.root().where);
   }
-  if (!copies.empty()) synchronize(cache.all_slots(0, 1));
+  if (kept < copies.size()) synchronize(cache.all_slots(0, 1));
   out.ms = now_ms() - start;
   return out;
 }

@@ -1,6 +1,13 @@
 #include "promptcache/cache/store.hpp"
 
+#include <atomic>
+
 namespace promptcache {
+
+uint64_t SpanStates::next_id() {
+  static std::atomic<uint64_t> counter{0};
+  return ++counter;
+}
 
 void CacheStore::put(const std::string& schema, std::size_t span, SpanStates states) {
   auto& spans = entries_[schema];

@@ -112,12 +112,12 @@ pml::ResolvedPrompt Engine::resolve(const pml::Prompt& prompt) const {
 }
 
 Engine::Prefill Engine::prefill(const pml::ResolvedPrompt& resolved, KVCache& cache, bool use_cache,
-                                int64_t extra_capacity) const {
+                                int64_t extra_capacity, bool reuse) const {
   Prefill out;
   const auto int64 = torch::TensorOptions().dtype(torch::kInt64);
   if (use_cache) {
     const pml::Layout& lay = layout(resolved.schema);
-    out.assembled = Assembler().assemble(resolved, lay, store_, cache, extra_capacity);
+    out.assembled = Assembler().assemble(resolved, lay, store_, cache, extra_capacity, reuse);
   } else {
     // The baseline: the same tokens as one ordinary prefill at positions 0..n-1.
     cache.clear();
@@ -155,7 +155,7 @@ Response Engine::generate(const pml::Prompt& prompt, const SamplingParams& param
   const pml::ResolvedPrompt resolved = resolve(prompt);
   const int64_t extra = params.max_new_tokens;
   if (buffer_.layers() == 0) buffer_ = model_->make_cache(0);
-  Prefill pre = prefill(resolved, buffer_, request.use_cache, extra);
+  Prefill pre = prefill(resolved, buffer_, request.use_cache, extra, request.reuse_buffer);
   GenerationTimings gt;
   gt.prefill_ms = pre.prefill_ms;
   gt.prefill_tokens = static_cast<int64_t>(pre.assembled.fresh_tokens.size());
@@ -173,6 +173,7 @@ Response Engine::generate(const pml::Prompt& prompt, const SamplingParams& param
   r.timings.decode_ms = result.timings.decode_ms;
   r.timings.decode_tokens = result.timings.decode_tokens;
   r.cached_tokens = pre.assembled.cached_tokens;
+  r.reused_tokens = pre.assembled.reused_tokens;
   r.fresh_tokens = static_cast<int64_t>(pre.assembled.fresh_tokens.size());
   r.kv_bytes = pre.assembled.kv_bytes;
   return r;

@@ -89,7 +89,17 @@ void KVCache::truncate(int64_t length) {
   }
   length_ = length;
   positions_.resize(length);
+  sources_.erase(std::remove_if(sources_.begin(), sources_.end(),
+                                [&](const SlotSource& t) { return t.slot + t.count > length; }),
+                 sources_.end());
   max_position_ = positions_.empty() ? -1 : *std::max_element(positions_.begin(), positions_.end());
+}
+
+void KVCache::tag_source(const SlotSource& tag) {
+  if (tag.slot < 0 || tag.count <= 0 || tag.slot + tag.count > length_) {
+    throw Error(ErrorKind::kInvalidArgument, "KV cache source tag outside the filled slots");
+  }
+  sources_.push_back(tag);
 }
 
 int64_t KVCache::bytes_per_token() const {

@@ -63,6 +63,11 @@ double stored_states_error(const LlamaModel& model, const pml::Layout& layout,
   return worst;
 }
 
+std::size_t layout_span_size(const Engine& engine, const std::string& module) {
+  const auto& layout = engine.layout("trip");
+  return layout.spans[layout.module(module).spans[0]].size();
+}
+
 }  // namespace
 
 TEST_CASE("store byte accounting is exactly 2 x layers x kv_heads x head_dim x dtype", "[cache]") {
@@ -196,6 +201,63 @@ TEST_CASE("cached generation with unions and parameters on the tiny model", "[ca
   const auto s1 = engine->generate_xml(R"(<prompt schema="trip"><city/>Go</prompt>)", sampled);
   const auto s2 = engine->generate_xml(R"(<prompt schema="trip"><city/>Go</prompt>)", sampled);
   CHECK(s1.tokens == s2.tokens);
+}
+
+TEST_CASE("the KV buffer keeps module states across requests only while they are the same",
+          "[cache]") {
+  auto engine = test::tiny_engine();
+  engine->add_schema_string(kSchema);
+  const std::string p1 =
+      R"(<prompt schema="trip"><city/><rainy/><who guide="Anna"/>Where do we go?</prompt>)";
+  const std::string p2 = R"(<prompt schema="trip"><city/><sunny/><live/>And now?</prompt>)";
+  const std::string p3 = R"(<prompt schema="trip"><city/><rainy/></prompt>)";  // nothing fresh
+  KVCache shared = engine->model().make_cache(0);
+  auto step = [&](const std::string& xml, bool use_cache = true) {
+    INFO("prompt " << xml);
+    const auto resolved = engine->resolve(pml::parse_prompt_string(xml));
+    const auto reused = engine->prefill(resolved, shared, use_cache, 4, /*reuse=*/true);
+    const int64_t reused_tokens = reused.assembled.reused_tokens;
+    // The same prompt assembled from scratch into a fresh buffer gives the same logits.
+    KVCache fresh = engine->model().make_cache(0);
+    const auto cold = engine->prefill(resolved, fresh, use_cache, 4, /*reuse=*/false);
+    CHECK(cold.assembled.reused_tokens == 0);
+    CHECK(reused.assembled.cached_tokens == cold.assembled.cached_tokens);
+    CHECK((reused.logits - cold.logits).abs().max().item<double>() <= 1e-6);
+    CHECK(shared.positions() == fresh.positions());
+    // Decoding a token appends after the prompt and must not spoil the kept states.
+    auto next = torch::full({1, 1}, int64_t{5});
+    auto pos = torch::full({1, 1}, shared.max_position() + 1);
+    engine->model().forward(next, pos, shared);
+    return reused_tokens;
+  };
+  CHECK(step(p1) == 0);
+  const auto first = engine->resolve(pml::parse_prompt_string(p1));
+  const int64_t p1_cached = engine->prefill(first, shared, true, 4).assembled.cached_tokens;
+  CHECK(step(p1) == p1_cached);  // everything kept
+  const int64_t p2_reused = step(p2);
+  CHECK(p2_reused > 0);          // the preamble and city are kept ...
+  CHECK(p2_reused < p1_cached);  // ... but not what follows the union
+  CHECK(step(p1) == p2_reused);
+  CHECK(step(p3) == p2_reused + static_cast<int64_t>(layout_span_size(*engine, "rainy")));
+  CHECK(step(p1) < p1_cached);  // p3 re-ran rainy's last token: that slot is not trusted
+  CHECK(step(p1, /*use_cache=*/false) == 0);
+  CHECK(step(p1) == 0);                // the plain prefill overwrote the buffer
+  engine->add_schema_string(kSchema);  // recompiled: new states, nothing in the buffer matches
+  CHECK(step(p1) == 0);
+
+  // Through generate: the same answer with and without reuse, and the reuse is reported.
+  SamplingParams greedy;
+  greedy.max_new_tokens = 6;
+  greedy.stop_at_eos = false;
+  const auto warm1 = engine->generate_xml(p1, greedy);
+  const auto warm2 = engine->generate_xml(p1, greedy);
+  const auto cold = engine->generate_xml(p1, greedy, {}, RequestOptions{true, false});
+  CHECK(warm2.reused_tokens == warm2.cached_tokens);
+  CHECK(warm2.kv_bytes == 0);
+  CHECK(cold.reused_tokens == 0);
+  CHECK(cold.kv_bytes == cold.cached_tokens * shared.bytes_per_token());
+  CHECK(warm1.tokens == cold.tokens);
+  CHECK(warm2.tokens == cold.tokens);
 }
 
 TEST_CASE("stories260K: a union of openings and a character parameter", "[cache][stories260k]") {

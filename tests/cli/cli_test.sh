@@ -102,12 +102,14 @@ XML
     mkdir "$work/docs"
     echo "Lily has a red ball." >"$work/docs/lily.txt"
     echo "Tom has a blue kite." >"$work/docs/tom.txt"
-    printf ':docs\n:use tom.txt\n:docs\nWhat does Tom have?\n:use nobody.txt\n:quit\n' |
+    printf ':docs\n:use tom.txt\n:docs\nWhat does Tom have?\nAnd what colour?\n:use nobody.txt\n:quit\n' |
       "$pc" qa --model "$work/tiny" --docs "$work/docs" -n 4 >"$work/out.txt" 2>"$work/err" || fail "qa loop: $(cat "$work/err")"
     expect_in "* lily.txt" "$work/out.txt"
     expect_in "  lily.txt" "$work/out.txt"
     expect_in "using 1 document" "$work/err"
     expect_in "TTFT" "$work/err"
+    # The second question over the same document keeps its states in the buffer.
+    expect_in "kept from the last question" "$work/err"
     expect_in "no document 'nobody.txt'" "$work/err"
     ;;
   qa_names)

@@ -22,16 +22,21 @@ struct AssembledPrompt {
   std::vector<TokenId> fresh_tokens;
   std::vector<int64_t> fresh_positions;
   int64_t cached_tokens = 0;  // slots filled from the store
+  int64_t reused_tokens = 0;  // of those, slots the cache already held (not copied again)
   int64_t kv_bytes = 0;       // bytes copied
   double ms = 0;
 };
 
 class Assembler {
  public:
-  // Fills `cache` (cleared first, grown if needed to `capacity_hint`) and returns the fresh part.
-  // Error(kCacheFile) if a cacheable span has no stored states (schema not compiled).
+  // Fills `cache` (grown if needed to hold the prompt plus `extra_capacity` slots) and returns
+  // the fresh part. With `reuse`, leading spans the cache still holds from an earlier assembly
+  // (the same stored blocks at the same slots, see KVCache::sources) are kept rather than copied;
+  // everything after them is replaced. Error(kCacheFile) if a cacheable span has no stored states
+  // (schema not compiled).
   AssembledPrompt assemble(const pml::ResolvedPrompt& prompt, const pml::Layout& layout,
-                           const CacheStore& store, KVCache& cache, int64_t extra_capacity) const;
+                           const CacheStore& store, KVCache& cache, int64_t extra_capacity,
+                           bool reuse = true) const;
 };
 
 }  // namespace promptcache

@@ -18,6 +18,9 @@ struct SpanStates {
   torch::Tensor k;  // view of kv: [layers, kv_heads, n, head_dim]
   torch::Tensor v;
   int64_t begin = 0;  // position id of the first token; tokens sit at begin .. begin + n - 1
+  // Unique per block made by from_block (never reused), so a KV cache can tell which blocks it
+  // already holds (KVCache::sources) even after the store replaced or dropped them.
+  uint64_t id = 0;
   int64_t length() const { return k.defined() ? k.size(2) : 0; }
   // Exactly 2 x layers x kv_heads x n x head_dim x dtype size.
   int64_t bytes() const { return kv.defined() ? kv.numel() * kv.element_size() : 0; }
@@ -29,8 +32,12 @@ struct SpanStates {
     s.k = s.kv.select(1, 0);
     s.v = s.kv.select(1, 1);
     s.begin = begin;
+    s.id = next_id();
     return s;
   }
+
+ private:
+  static uint64_t next_id();
 };
 
 class CacheStore {

@@ -22,6 +22,16 @@ struct KVCacheShape {
   int64_t capacity = 0;
 };
 
+// Which stored block a run of slots was copied from (see KVCache::tag_source).
+struct SlotSource {
+  uint64_t source = 0;  // the block's id (SpanStates::id)
+  int64_t slot = 0;
+  int64_t count = 0;
+  bool operator==(const SlotSource& o) const {
+    return source == o.source && slot == o.slot && count == o.count;
+  }
+};
+
 class KVCache {
  public:
   KVCache() = default;
@@ -64,6 +74,13 @@ class KVCache {
   // Drops slots [length, old length): used to roll back to a shared prefix.
   void truncate(int64_t length);
 
+  // Provenance, for the assembler: records that filled slots [slot, slot + count) hold a copy of
+  // stored block `source`, so a later request selecting the same blocks at the same slots can
+  // keep them instead of copying again. A record is forgotten as soon as its slots may change
+  // (clear, or truncate below its end); appending never touches it.
+  void tag_source(const SlotSource& tag);
+  const std::vector<SlotSource>& sources() const { return sources_; }
+
   // Bytes one token occupies across all layers: 2 x layers x kv_heads x head_dim x dtype size.
   int64_t bytes_per_token() const;
 
@@ -78,6 +95,7 @@ class KVCache {
   int64_t length_ = 0;
   std::vector<int64_t> positions_;
   int64_t max_position_ = -1;
+  std::vector<SlotSource> sources_;
 };
 
 }  // namespace promptcache
