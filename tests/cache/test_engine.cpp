@@ -260,6 +260,55 @@ TEST_CASE("the KV buffer keeps module states across requests only while they are
   CHECK(warm2.tokens == cold.tokens);
 }
 
+TEST_CASE("compile, store and assemble in bf16 and f16 on the test device", "[cache][half]") {
+  const ModelConfig config = test::tiny_config();
+  const auto weights = random_llama_weights(config, 1, 0.15);
+  // The selected modules form the schema's contiguous prefix: cached equals uncached up to
+  // rounding (contract 2), so the comparison below measures half-precision rounding only.
+  const char* prompt = R"(<prompt schema="trip"><city/><sunny/>Where do we go?</prompt>)";
+  for (auto dtype : {torch::kBFloat16, torch::kFloat16}) {
+    LoadOptions load = test::test_load_options();
+    load.dtype = dtype;
+    INFO(dtype_name(dtype) << " on " << load.device.str());
+#if TORCH_VERSION_MAJOR < 2
+    if (load.device.is_cpu() && dtype == torch::kFloat16) {
+      WARN("f16 on the CPU needs LibTorch 2.x: only its clear error is checked here");
+      CHECK_THROWS_WITH(LlamaModel::from_tensors(config, weights, load), Catch::Contains("f16"));
+      continue;
+    }
+#endif
+    EngineOptions options;
+    options.load = load;
+    options.chat_template = "llama-2";
+    Engine engine(LlamaModel::from_tensors(config, weights, load),
+                  load_sentencepiece_tokenizer(test::tiny_tokenizer_path()), options);
+    engine.add_schema_string(kSchema);
+    // The store holds half-precision states on the model's device: 2 bytes per value.
+    const int64_t element = 2;
+    const int64_t per_token =
+        2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * element;
+    CHECK(engine.store().bytes("trip") == engine.store().tokens("trip") * per_token);
+    for (const auto& [span, states] : engine.store().spans_of("trip")) {
+      CHECK(states.kv.scalar_type() == dtype);
+      CHECK(states.kv.device() == load.device);
+    }
+    const auto resolved = engine.resolve(pml::parse_prompt_string(prompt));
+    KVCache cached = engine.model().make_cache(0), plain = engine.model().make_cache(0);
+    const auto a = engine.prefill(resolved, cached, /*use_cache=*/true);
+    const auto b = engine.prefill(resolved, plain, /*use_cache=*/false);
+    CHECK(cached.keys(0).scalar_type() == dtype);
+    CHECK(a.assembled.cached_tokens > 0);
+    const double rel = ((a.logits - b.logits).abs().max() / b.logits.abs().max()).item<double>();
+    INFO("relative logit diff cached vs no cache " << rel);
+    CHECK(std::isfinite(rel));
+    CHECK(rel < 0.1);
+    SamplingParams greedy;
+    greedy.max_new_tokens = 4;
+    greedy.stop_at_eos = false;
+    CHECK(engine.generate_xml(prompt, greedy).tokens.size() == 4);
+  }
+}
+
 TEST_CASE("stories260K: a union of openings and a character parameter", "[cache][stories260k]") {
   auto engine = test::stories260k_engine_or_skip();
   if (!engine) return;
