@@ -119,6 +119,7 @@ AssembledPrompt Assembler::assemble(const pml::ResolvedPrompt& prompt, const pml
     out.fresh_tokens.push_back(last_cached_token);
     out.fresh_positions.push_back(cached_positions.back());
     out.cached_tokens -= 1;
+    out.reused_tokens = std::min(out.reused_tokens, out.cached_tokens);
   }
   if (out.fresh_tokens.empty()) {
     throw Error(ErrorKind::kPrompt, "the prompt selects no tokens at all", layout.root().where);
