@@ -144,7 +144,7 @@ Engine::Prefill Engine::prefill(const pml::ResolvedPrompt& resolved, KVCache& ca
       model_->forward(torch::tensor(ids, int64).unsqueeze(0),
                       torch::tensor(out.assembled.fresh_positions, int64).unsqueeze(0), cache);
   out.logits = logits.reshape({-1});
-  if (out.logits.is_cuda()) (void)out.logits.sum().item<float>();
+  synchronize(out.logits);
   out.prefill_ms = now_ms() - start;
   return out;
 }

@@ -234,7 +234,8 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
     if (scores.scalar_type() != torch::kFloat32) scores = scores.to(torch::kFloat32);
     // Slots every row of this block sees need no masking: only the rest of the columns is
     // filled (for fresh tokens over assembled modules, that is a few columns out of thousands).
-    const int64_t open = std::min(visible, causal ? std::max(open_slots, past + i0) : open_slots);
+    // (Under the causal rule row i0 already sees every slot before past + i0.)
+    const int64_t open = causal ? past + i0 : open_slots;
     if (mask.defined() && open < visible) {
       scores.view({b, hkv, groups, rows, visible})
           .narrow(-1, open, visible - open)
