@@ -9,6 +9,7 @@
 #include "promptcache/error.hpp"
 #include "promptcache/generation.hpp"
 #include "promptcache/model/config.hpp"
+#include "promptcache/model/cpu_linear.hpp"
 #include "promptcache/model/kv_cache.hpp"
 #include "promptcache/model/llama.hpp"
 #include "promptcache/model/safetensors.hpp"

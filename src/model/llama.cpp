@@ -4,10 +4,15 @@
 #include <torch/version.h>
 
 #include <cmath>
+#include <exception>
 #include <filesystem>
+#include <limits>
+#include <mutex>
 
 #include "promptcache/error.hpp"
+#include "promptcache/model/cpu_linear.hpp"
 #include "promptcache/model/safetensors.hpp"
+#include "promptcache/model/threads.hpp"
 
 namespace promptcache {
 namespace {
@@ -191,6 +196,59 @@ std::pair<torch::Tensor, torch::Tensor> LlamaModel::rope_tables(
   return {emb.cos(), emb.sin()};
 }
 
+#if TORCH_VERSION_MAJOR < 2
+namespace {
+
+// Up to this many fresh tokens, attention on the CPU goes KV head by KV head over threads.
+constexpr int64_t kSplitHeadsMaxTokens = 64;
+
+// Attention of a few (pre-scaled) query rows per KV head over every slot, the KV heads shared
+// out among `threads` threads. For a question or a decode step over a long assembled cache the
+// work is many small GEMMs and softmaxes per layer; OpenBLAS threads each small GEMM poorly and
+// LibTorch's intra-op pool is kept at one thread, so splitting the heads is about twice as fast.
+// OpenBLAS runs single-threaded meanwhile (each thread makes its own calls).
+// qg [b, kv_heads, groups * n, d] (group-major rows), keys/values [b, kv_heads, slots, d],
+// mask [n, slots] or undefined; slots before `open` are seen by every row.
+torch::Tensor attend_split_heads(const torch::Tensor& qg, const torch::Tensor& keys,
+                                 const torch::Tensor& values, const torch::Tensor& mask,
+                                 int64_t open, int threads) {
+  const int64_t b = qg.size(0), hkv = qg.size(1), rows = qg.size(2), d = qg.size(3);
+  const int64_t slots = keys.size(2);
+  auto out = torch::empty({b, hkv, rows, d}, qg.options());
+  torch::Tensor closed;  // [n, slots - open]: where a row must not look
+  if (mask.defined() && open < slots) closed = mask.narrow(1, open, slots - open).logical_not();
+  const int64_t n = mask.defined() ? mask.size(0) : rows;
+  const int saved_blas = blas_threads();
+  if (saved_blas > 1) set_blas_threads(1);
+  std::exception_ptr error;
+  std::mutex error_mutex;
+#pragma omp parallel for num_threads(threads) collapse(2) schedule(static)
+  for (int64_t bi = 0; bi < b; ++bi) {
+    for (int64_t h = 0; h < hkv; ++h) {
+      try {
+        auto scores = at::mm(qg[bi][h], keys[bi][h].t());
+        if (scores.scalar_type() != torch::kFloat32) scores = scores.to(torch::kFloat32);
+        if (closed.defined()) {
+          scores.view({rows / n, n, slots})
+              .narrow(-1, open, slots - open)
+              .masked_fill_(closed, -std::numeric_limits<float>::infinity());
+        }
+        auto dst = out[bi][h];
+        at::mm_out(dst, scores.softmax(-1).to(values.scalar_type()), values[bi][h]);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
+      }
+    }
+  }
+  if (saved_blas > 1) set_blas_threads(saved_blas);
+  if (error) std::rethrow_exception(error);
+  return out;
+}
+
+}  // namespace
+#endif
+
 torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const torch::Tensor& x,
                                     const torch::Tensor& cos, const torch::Tensor& sin,
                                     KVCache& cache, const torch::Tensor& mask, bool causal,
@@ -198,9 +256,9 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
   const int64_t b = x.size(0), n = x.size(1), d = config_.head_dim;
   const int64_t hq = config_.num_attention_heads, hkv = config_.num_key_value_heads;
   const int64_t groups = hq / hkv;
-  auto q = torch::linear(x, layer.wq).view({b, n, hq, d}).transpose(1, 2);
-  auto k = torch::linear(x, layer.wk).view({b, n, hkv, d}).transpose(1, 2);
-  auto v = torch::linear(x, layer.wv).view({b, n, hkv, d}).transpose(1, 2);
+  auto q = linear_layer(x, layer.wq).view({b, n, hq, d}).transpose(1, 2);
+  auto k = linear_layer(x, layer.wk).view({b, n, hkv, d}).transpose(1, 2);
+  auto v = linear_layer(x, layer.wv).view({b, n, hkv, d}).transpose(1, 2);
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
   cache.write_pending(index, k, v);
@@ -225,8 +283,18 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
   const int64_t past = total - n;
   // Scaling the queries costs n x d per head instead of n x slots for the scores.
   q = q * (1.0 / std::sqrt(static_cast<double>(d)));
-  if (n > kBlock) out = torch::empty({b, hq, n, d}, q.options());
-  for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+  const int threads = kernel_threads();
+  // Only alongside the small-row linear kernels: interleaved with multi-threaded OpenBLAS
+  // linears, the two thread pools spin against each other (a 16-token forward ran 2.5x slower).
+  const bool split_heads = q.device().is_cpu() && n <= kSplitHeadsMaxTokens && hkv > 1 &&
+                           threads > 1 && cpu_linear_kernel() != CpuLinearKernel::kNone;
+  if (split_heads) {
+    out = attend_split_heads(q.reshape({b, hkv, groups * n, d}), keys, values, mask,
+                             causal ? past : open_slots, threads);
+  } else if (n > kBlock) {
+    out = torch::empty({b, hq, n, d}, q.options());
+  }
+  for (int64_t i0 = split_heads ? n : 0; i0 < n; i0 += kBlock) {
     const int64_t rows = std::min(kBlock, n - i0);
     const int64_t visible = causal ? past + i0 + rows : total;
     auto qb = q.narrow(2, i0, rows).reshape({b, hkv, groups * rows, d});
@@ -252,7 +320,7 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
   }
 #endif
   out = out.view({b, hq, n, d}).transpose(1, 2).reshape({b, n, hq * d});
-  return torch::linear(out, layer.wo);
+  return linear_layer(out, layer.wo);
 }
 
 torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
@@ -307,16 +375,15 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
                       rms_norm(x, layer.input_norm, config_.rms_norm_eps), cos, sin, cache, mask,
                       /*causal=*/!options.attention_mask.defined(), open_slots);
     auto h = rms_norm(x, layer.post_norm, config_.rms_norm_eps);
-    x = x +
-        torch::linear(torch::silu(torch::linear(h, layer.w_gate)) * torch::linear(h, layer.w_up),
-                      layer.w_down);
+    x = x + linear_layer(torch::silu(linear_layer(h, layer.w_gate)) * linear_layer(h, layer.w_up),
+                         layer.w_down);
   }
   auto first_row = positions[0].to(torch::kCPU, torch::kInt64).contiguous();
   cache.commit(
       std::vector<int64_t>(first_row.data_ptr<int64_t>(), first_row.data_ptr<int64_t>() + n));
   if (!options.all_logits) x = x.narrow(1, n - 1, 1);
   x = rms_norm(x, final_norm_, config_.rms_norm_eps);
-  return torch::linear(x, lm_head_).to(torch::kFloat32);
+  return linear_layer(x, lm_head_).to(torch::kFloat32);
 }
 
 double LlamaModel::prefill_flops(int64_t n, int64_t context) const {

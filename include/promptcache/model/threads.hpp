@@ -17,4 +17,15 @@ struct ThreadSettings {
 ThreadSettings configure_threads(int threads = 0, int torch_threads = 0);
 int hardware_cores();
 
+// Threads for the library's own CPU work outside BLAS (the small-row linear kernels, attention
+// of a few fresh tokens split over KV heads). configure_threads sets it to the BLAS width; it
+// starts at hardware_cores().
+int kernel_threads();
+void set_kernel_threads(int threads);
+
+// OpenBLAS's thread count (0 when the BLAS is not OpenBLAS) and a way to change it;
+// set_blas_threads does nothing without OpenBLAS.
+int blas_threads();
+void set_blas_threads(int threads);
+
 }  // namespace promptcache

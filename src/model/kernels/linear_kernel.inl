@@ -1,0 +1,90 @@
+// src/model/kernels/linear_kernel.inl — the small-row linear kernel, written once for any
+// SIMD width. Included only by the per-ISA translation units (linear_avx2.cpp,
+// linear_avx512.cpp), each of which defines `Vec` for its instruction set and is compiled with
+// that instruction set enabled.
+//
+// out[t, j] = sum_i x[t, i] * w[j, i] for a few rows t of x (fresh tokens, one decode token) and
+// the weight rows j in [n0, n1). Each block keeps kRows weight rows and kTokens token rows of
+// partial sums in registers, so a weight row is read from memory once and reused from L1 for
+// every token group. No packing: the weights are streamed in their stored layout, which is what
+// makes this faster than a general GEMM when there are only a few rows (a GEMM packs the whole
+// weight matrix on every call).
+//
+// Everything here has internal linkage and the file includes no standard headers, so no
+// inline function compiled for this ISA can be merged with a generic copy by the linker.
+
+namespace {
+
+using Index = long long;
+
+template <int R, int T>
+inline void linear_block(const float* x, Index k, const float* w, int rows, float* out,
+                         Index ldo) {
+  typename Vec::Reg acc[R][T];
+  const float* wr[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) wr[r] = w + (r < rows ? r : 0) * k;  // spare rows redo row 0
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) acc[r][t] = Vec::zero();
+  }
+  Index i = 0;
+  for (; i + Vec::kWidth <= k; i += Vec::kWidth) {
+    typename Vec::Reg a[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) a[r] = Vec::load(wr[r] + i);
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      const typename Vec::Reg xv = Vec::load(x + t * k + i);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r][t] = Vec::fma(a[r], xv, acc[r][t]);
+    }
+  }
+  if (i < k) {
+    const int left = static_cast<int>(k - i);
+    typename Vec::Reg a[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) a[r] = Vec::load_first(wr[r] + i, left);
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      const typename Vec::Reg xv = Vec::load_first(x + t * k + i, left);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r][t] = Vec::fma(a[r], xv, acc[r][t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    for (int r = 0; r < rows; ++r) out[t * ldo + r] = Vec::sum(acc[r][t]);
+  }
+}
+
+// The last (fewer than kTokens) token rows: picks the block instantiated for exactly that many.
+template <int T>
+inline void linear_block_tail(int tokens, const float* x, Index k, const float* w, int rows,
+                              float* out, Index ldo) {
+  if constexpr (T > 0) {
+    if (tokens == T) {
+      linear_block<Vec::kRows, T>(x, k, w, rows, out, ldo);
+    } else {
+      linear_block_tail<T - 1>(tokens, x, k, w, rows, out, ldo);
+    }
+  }
+}
+
+inline void linear_rows_impl(const float* x, Index m, Index k, const float* w, Index n0,
+                             Index n1, float* out, Index ldo) {
+  for (Index j = n0; j < n1; j += Vec::kRows) {
+    const int rows = static_cast<int>(n1 - j < Vec::kRows ? n1 - j : Vec::kRows);
+    Index t = 0;
+    for (; t + Vec::kTokens <= m; t += Vec::kTokens) {
+      linear_block<Vec::kRows, Vec::kTokens>(x + t * k, k, w + j * k, rows, out + t * ldo + j,
+                                             ldo);
+    }
+    if (t < m) {
+      linear_block_tail<Vec::kTokens - 1>(static_cast<int>(m - t), x + t * k, k, w + j * k, rows,
+                                          out + t * ldo + j, ldo);
+    }
+  }
+}
+
+}  // namespace

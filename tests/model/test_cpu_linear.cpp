@@ -1,0 +1,122 @@
+// The small-row CPU linear kernels equal torch::linear for every shape they take (all tails of
+// the register blocks, one and several threads), and everything they do not take falls back.
+#include <torch/types.h>
+#include "support/catch_torch.hpp"
+
+#include <cmath>
+#include <vector>
+
+#include "promptcache/model/cpu_linear.hpp"
+#include "promptcache/model/threads.hpp"
+
+using namespace promptcache;
+
+namespace {
+
+// Restores the process-wide kernel choice and thread count when a test ends.
+struct KernelGuard {
+  CpuLinearKernel kernel = cpu_linear_kernel();
+  ~KernelGuard() {
+    select_cpu_linear(kernel);
+    set_kernel_threads(hardware_cores());
+  }
+};
+
+double max_rel_error(const torch::Tensor& got, const torch::Tensor& want) {
+  const double scale = want.abs().max().item<double>() + 1e-6;
+  return (got - want).abs().max().item<double>() / scale;
+}
+
+std::vector<CpuLinearKernel> available_kernels() {
+  std::vector<CpuLinearKernel> out;
+  for (auto k : {CpuLinearKernel::kAvx2, CpuLinearKernel::kAvx512}) {
+    KernelGuard guard;
+    if (select_cpu_linear(k)) out.push_back(k);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("small-row CPU linear kernels equal torch::linear on every block tail") {
+  KernelGuard guard;
+  torch::NoGradGuard no_grad;
+  const auto kernels = available_kernels();
+  if (kernels.empty()) {
+    WARN("this processor has neither AVX2+FMA nor AVX-512F: only the fallback is tested");
+  }
+  torch::manual_seed(7);
+  int checked = 0;
+  for (auto kernel : kernels) {
+    REQUIRE(select_cpu_linear(kernel));
+    REQUIRE(cpu_linear_kernel() == kernel);
+    for (int threads : {1, 2, 3}) {
+      set_kernel_threads(threads);
+      for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 16, 64}) {
+        for (int64_t k : {1, 7, 8, 9, 15, 16, 17, 64, 100}) {
+          for (int64_t n : {1, 2, 3, 4, 5, 12, 13, 191, 400}) {
+            auto x = torch::randn({m, k});
+            auto w = torch::randn({n, k});
+            auto got = linear_layer(x, w);
+            auto want = torch::linear(x.to(torch::kFloat64), w.to(torch::kFloat64));
+            INFO(cpu_linear_name(kernel)
+                 << " threads " << threads << " m " << m << " k " << k << " n " << n);
+            REQUIRE(got.sizes() == want.sizes());
+            REQUIRE(got.scalar_type() == torch::kFloat32);
+            REQUIRE(max_rel_error(got.to(torch::kFloat64), want) < 1e-5);
+            ++checked;
+          }
+        }
+      }
+    }
+    // A model-sized case with batch and token axes, as the decoder layers call it.
+    set_kernel_threads(2);
+    auto x = torch::randn({1, 16, 768});
+    auto w = torch::randn({2048, 768});
+    auto got = linear_layer(x, w);
+    REQUIRE(got.sizes() == torch::IntArrayRef({1, 16, 2048}));
+    REQUIRE(max_rel_error(got.to(torch::kFloat64),
+                          torch::linear(x.to(torch::kFloat64), w.to(torch::kFloat64))) < 1e-5);
+    // A non-contiguous x (a transposed view) is read correctly.
+    auto xt = torch::randn({768, 5}).t();
+    REQUIRE(max_rel_error(linear_layer(xt, w), torch::linear(xt, w)) < 1e-5);
+  }
+  if (!kernels.empty()) REQUIRE(checked == static_cast<int>(kernels.size()) * 3 * 12 * 9 * 9);
+}
+
+TEST_CASE("CPU linear falls back to torch::linear for what the kernels do not take") {
+  KernelGuard guard;
+  torch::NoGradGuard no_grad;
+  REQUIRE(select_cpu_linear(CpuLinearKernel::kNone));
+  REQUIRE(cpu_linear_name(cpu_linear_kernel()) == "off");
+  auto x = torch::randn({3, 32});
+  auto w = torch::randn({10, 32});
+  REQUIRE(torch::equal(linear_layer(x, w), torch::linear(x, w)));
+  for (auto kernel : available_kernels()) {
+    REQUIRE(select_cpu_linear(kernel));
+    // Too many rows, another dtype, a non-contiguous weight: all exactly torch::linear.
+    auto many = torch::randn({kCpuLinearMaxRows + 1, 32});
+    REQUIRE(torch::equal(linear_layer(many, w), torch::linear(many, w)));
+    auto xb = x.to(torch::kBFloat16), wb = w.to(torch::kBFloat16);
+    auto yb = linear_layer(xb, wb);
+    REQUIRE(yb.scalar_type() == torch::kBFloat16);
+    REQUIRE(torch::equal(yb, torch::linear(xb, wb)));
+    auto wt = torch::randn({32, 10}).t();
+    REQUIRE(torch::equal(linear_layer(x, wt), torch::linear(x, wt)));
+    // Shape errors are torch::linear's own, not an out-of-bounds read.
+    REQUIRE_THROWS(linear_layer(torch::randn({2, 31}), w));
+  }
+}
+
+TEST_CASE("CPU linear leaves tensors that want gradients to autograd") {
+  KernelGuard guard;
+  for (auto kernel : available_kernels()) {
+    REQUIRE(select_cpu_linear(kernel));
+    auto xg = torch::randn({2, 32}, torch::requires_grad());
+    auto w = torch::randn({10, 32});
+    auto y = linear_layer(xg, w);
+    REQUIRE(y.requires_grad());
+    y.sum().backward();
+    REQUIRE(torch::allclose(xg.grad(), w.sum(0).expand({2, 32})));
+  }
+}
