@@ -1,6 +1,7 @@
 #include "promptcache/model/llama.hpp"
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 #include <torch/version.h>
 
 #include <cmath>
@@ -222,10 +223,16 @@ torch::Tensor attend_split_heads(const torch::Tensor& qg, const torch::Tensor& k
   if (saved_blas > 1) set_blas_threads(1);
   std::exception_ptr error;
   std::mutex error_mutex;
+  // Grad and inference modes are thread-local: the worker threads take the caller's, so that
+  // writing into `out` (made here) is allowed under an application's InferenceMode.
+  const bool inference = c10::InferenceMode::is_enabled();
+  const bool grad = at::GradMode::is_enabled();
 #pragma omp parallel for num_threads(threads) collapse(2) schedule(static)
   for (int64_t bi = 0; bi < b; ++bi) {
     for (int64_t h = 0; h < hkv; ++h) {
       try {
+        c10::InferenceMode inference_mode(inference);
+        at::AutoGradMode grad_mode(grad);
         auto scores = at::mm(qg[bi][h], keys[bi][h].t());
         if (scores.scalar_type() != torch::kFloat32) scores = scores.to(torch::kFloat32);
         if (closed.defined()) {

@@ -3,12 +3,14 @@
 #include <torch/types.h>
 #include "support/catch_torch.hpp"
 
+#include <c10/core/InferenceMode.h>
 #include <torch/version.h>
 
 #include <cmath>
 #include <random>
 
 #include "promptcache/error.hpp"
+#include "promptcache/model/cpu_linear.hpp"
 #include "promptcache/model/llama.hpp"
 #include "promptcache/model/synthetic.hpp"
 
@@ -261,4 +263,35 @@ TEST_CASE("long prefills (attention in query blocks) equal step-by-step decoding
     auto step = model->forward(ids_tensor({ids[t]}), torch::tensor({t}, torch::kInt64), step_cache);
     CHECK((step[0][0] - full[t]).abs().max().item<double>() <= 1e-4);
   }
+}
+
+TEST_CASE("a few fresh tokens after a long prefix: same logits under InferenceMode and kernels off",
+          "[llama]") {
+  // 16 tokens after 200 cached ones take the CPU's small-row paths (linear kernels, attention
+  // split over KV heads on threads); InferenceMode in the caller must carry into those threads.
+  const ModelConfig c = tiny_gqa_config();
+  const auto model = LlamaModel::from_tensors(c, random_llama_weights(c, 11, 0.15));
+  std::vector<int64_t> head, fresh;
+  std::mt19937 rng(5);
+  for (int i = 0; i < 200; ++i) head.push_back(rng() % c.vocab_size);
+  for (int i = 0; i < 16; ++i) fresh.push_back(rng() % c.vocab_size);
+  ForwardOptions all;
+  all.all_logits = true;
+  auto run = [&] {
+    KVCache cache = model->make_cache(216);
+    model->forward(ids_tensor(head), torch::arange(200, torch::kInt64), cache);
+    return model->forward(ids_tensor(fresh), torch::arange(200, 216, torch::kInt64), cache, all)[0];
+  };
+  const auto plain = run();
+  torch::Tensor under_inference;
+  {
+    c10::InferenceMode guard;
+    under_inference = run().clone();
+  }
+  REQUIRE(torch::allclose(plain, under_inference, 1e-5, 1e-5));
+  const auto kernel = cpu_linear_kernel();
+  REQUIRE(select_cpu_linear(CpuLinearKernel::kNone));
+  const auto without = run();
+  select_cpu_linear(kernel);
+  REQUIRE((plain - without).abs().max().item<double>() < 1e-4);
 }
