@@ -21,13 +21,6 @@ struct Vec {
 
 #include "linear_kernel.inl"
 
-namespace {
-void linear_rows(const float* x, long long m, long long k, const float* w, long long n0,
-                 long long n1, float* out, long long ldo) {
-  linear_rows_impl(x, m, k, w, n0, n1, out, ldo);
-}
-}  // namespace
-
 namespace promptcache::kernels {
 const LinearRowsFn linear_rows_avx512 = &linear_rows;
 }

@@ -18,8 +18,7 @@ namespace {
 using Index = long long;
 
 template <int R, int T>
-inline void linear_block(const float* x, Index k, const float* w, int rows, float* out,
-                         Index ldo) {
+inline void linear_block(const float* x, Index k, const float* w, int rows, float* out, Index ldo) {
   typename Vec::Reg acc[R][T];
   const float* wr[R];
 #pragma GCC unroll 8
@@ -71,14 +70,14 @@ inline void linear_block_tail(int tokens, const float* x, Index k, const float* 
   }
 }
 
-inline void linear_rows_impl(const float* x, Index m, Index k, const float* w, Index n0,
-                             Index n1, float* out, Index ldo) {
+// The entry point each ISA unit exports (signature of kernels::LinearRowsFn).
+void linear_rows(const float* x, Index m, Index k, const float* w, Index n0, Index n1, float* out,
+                 Index ldo) {
   for (Index j = n0; j < n1; j += Vec::kRows) {
     const int rows = static_cast<int>(n1 - j < Vec::kRows ? n1 - j : Vec::kRows);
     Index t = 0;
     for (; t + Vec::kTokens <= m; t += Vec::kTokens) {
-      linear_block<Vec::kRows, Vec::kTokens>(x + t * k, k, w + j * k, rows, out + t * ldo + j,
-                                             ldo);
+      linear_block<Vec::kRows, Vec::kTokens>(x + t * k, k, w + j * k, rows, out + t * ldo + j, ldo);
     }
     if (t < m) {
       linear_block_tail<Vec::kTokens - 1>(static_cast<int>(m - t), x + t * k, k, w + j * k, rows,
