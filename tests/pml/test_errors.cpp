@@ -1,6 +1,6 @@
 // The bad-input catalogue: every case asserts the exact ErrorKind and that the message names
 // the file, the line and the element.
-#include <catch2/catch.hpp>
+#include "support/catch.hpp"
 
 #include "pml/fake_tokenizer.hpp"
 #include "promptcache/pml/layout.hpp"

@@ -1,7 +1,7 @@
 // Every schema in ../shared/pml-examples parses and lays out consistently, with the fake
 // tokenizer and (when present) the real stories260K SentencePiece tokenizer; plus the pass
 // structure the cache compiler relies on, whitespace compaction, templates, src files, render.
-#include <catch2/catch.hpp>
+#include "support/catch.hpp"
 
 #include <dirent.h>
 

@@ -1,5 +1,5 @@
 // Golden layout tests: small hand-written schemas with exact offsets, pass structure, templates.
-#include <catch2/catch.hpp>
+#include "support/catch.hpp"
 
 #include "pml/fake_tokenizer.hpp"
 #include "promptcache/pml/layout.hpp"

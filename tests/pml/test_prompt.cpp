@@ -1,6 +1,6 @@
 // Prompt parsing and resolution: selected spans, argument placement, fresh-text positions, the
 // no-cache baseline and chat turns.
-#include <catch2/catch.hpp>
+#include "support/catch.hpp"
 
 #include "pml/fake_tokenizer.hpp"
 #include "promptcache/pml/prompt.hpp"

@@ -5,4 +5,4 @@
 
 #include <torch/types.h>
 #undef CHECK
-#include <catch2/catch.hpp>
+#include "support/catch.hpp"

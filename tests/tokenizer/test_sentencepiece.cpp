@@ -1,6 +1,6 @@
 // Our SentencePiece reader/encoder against libsentencepiece itself, token for token.
 #include <sentencepiece_processor.h>
-#include <catch2/catch.hpp>
+#include "support/catch.hpp"
 
 #include <fstream>
 #include <sstream>

@@ -1,0 +1,23 @@
+// Catch2 for the tests, whichever major version the system has: v2 (Debian bookworm, one
+// header) or v3 (Debian trixie, Ubuntu 24.04 and later: a compiled library). The tests are
+// written against v2's names; v3 moved the string matchers and Approx, so they are brought back
+// here under the v2 names.
+#pragma once
+
+#if __has_include(<catch2/catch_all.hpp>)
+#include <catch2/catch_all.hpp>
+
+#include <string>
+
+using Catch::Approx;
+namespace Catch {
+inline Matchers::StringContainsMatcher Contains(const std::string& text) {
+  return Matchers::ContainsSubstring(text);
+}
+inline Matchers::StartsWithMatcher StartsWith(const std::string& text) {
+  return Matchers::StartsWith(text);
+}
+}  // namespace Catch
+#else
+#include <catch2/catch.hpp>
+#endif
