@@ -2,6 +2,8 @@
 // parameters end to end on stories260K.
 #include "support/catch_torch.hpp"
 
+#include <torch/version.h>
+
 #include "promptcache/cache/assembler.hpp"
 #include "promptcache/cache/compiler.hpp"
 #include "support/tiny_model.hpp"
