@@ -4,7 +4,9 @@
 #include <c10/core/InferenceMode.h>
 #include <torch/version.h>
 
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <limits>
@@ -58,6 +60,18 @@ torch::Tensor inverse_frequencies(const ModelConfig& c) {
   return inv_freq.contiguous();
 }
 
+std::atomic<AttentionImpl>& attention_choice() {
+  static std::atomic<AttentionImpl> choice{[] {
+    const char* env = std::getenv("PROMPTCACHE_ATTENTION");
+    const std::string value = env == nullptr ? "" : env;
+#if TORCH_VERSION_MAJOR >= 2
+    if (value == "sdpa") return AttentionImpl::kSdpa;
+#endif
+    return value == "blocked" ? AttentionImpl::kBlocked : AttentionImpl::kAuto;
+  }()};
+  return choice;
+}
+
 }  // namespace
 
 torch::Device parse_device(const std::string& text) {
@@ -84,6 +98,18 @@ torch::Dtype parse_dtype(const std::string& text) {
   if (text == "f16" || text == "float16" || text == "half") return torch::kFloat16;
   if (text == "bf16" || text == "bfloat16") return torch::kBFloat16;
   throw Error(ErrorKind::kInvalidArgument, "unknown dtype '" + text + "' (use f32, f16 or bf16)");
+}
+
+bool select_attention(AttentionImpl impl) {
+#if TORCH_VERSION_MAJOR < 2
+  if (impl == AttentionImpl::kSdpa) return false;
+#endif
+  attention_choice().store(impl);
+  return true;
+}
+
+AttentionImpl selected_attention() {
+  return attention_choice().load();
 }
 
 std::string dtype_name(torch::Dtype dtype) {
@@ -197,8 +223,27 @@ std::pair<torch::Tensor, torch::Tensor> LlamaModel::rope_tables(
   return {emb.cos(), emb.sin()};
 }
 
-#if TORCH_VERSION_MAJOR < 2
 namespace {
+
+// SDPA dispatches to fused (flash / memory-efficient) kernels on CUDA. On the CPU the blocked
+// and split-head attention below is faster: with LibTorch 2.6 on bench-small, SDPA made a
+// 2048-token prefill 1.4x and a cached 2048 + 16 request 1.3x slower (docs/benchmarks.md).
+bool use_sdpa(const torch::Device& device) {
+  switch (attention_choice().load()) {
+    case AttentionImpl::kSdpa:
+      return true;
+    case AttentionImpl::kBlocked:
+      return false;
+    case AttentionImpl::kAuto:
+      break;
+  }
+#if TORCH_VERSION_MAJOR >= 2
+  return !device.is_cpu();
+#else
+  (void)device;
+  return false;
+#endif
+}
 
 // Up to this many fresh tokens, attention on the CPU goes KV head by KV head over threads.
 constexpr int64_t kSplitHeadsMaxTokens = 64;
@@ -254,7 +299,6 @@ torch::Tensor attend_split_heads(const torch::Tensor& qg, const torch::Tensor& k
 }
 
 }  // namespace
-#endif
 
 torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const torch::Tensor& x,
                                     const torch::Tensor& cos, const torch::Tensor& sin,
@@ -276,14 +320,16 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
   // stacked along the row axis, so one matmul per KV head serves the whole group.
   torch::Tensor out;
 #if TORCH_VERSION_MAJOR >= 2
-  auto qg = q.reshape({b, hkv, groups * n, d});
-  // An absent mask must be nullopt: an optional holding an undefined tensor is an error there.
-  c10::optional<torch::Tensor> grouped_mask;
-  if (mask.defined()) grouped_mask = mask.repeat({groups, 1});
-  out = at::scaled_dot_product_attention(qg, keys, values, grouped_mask);
-  (void)causal;  // the mask says it all for SDPA
-  (void)open_slots;
-#else
+  if (use_sdpa(q.device())) {
+    auto qg = q.reshape({b, hkv, groups * n, d});
+    // An absent mask must be nullopt: an optional holding an undefined tensor is an error there.
+    c10::optional<torch::Tensor> grouped_mask;
+    if (mask.defined()) grouped_mask = mask.repeat({groups, 1});
+    out = at::scaled_dot_product_attention(qg, keys, values, grouped_mask);
+    out = out.view({b, hq, n, d}).transpose(1, 2).reshape({b, n, hq * d});
+    return linear_layer(out, layer.wo);  // the mask says it all for SDPA: causal is not needed
+  }
+#endif
   // Queries go in blocks: score memory stays bounded, and under the causal rule a block needs
   // only the keys up to its own last row (half the work of a full square for a long prefill).
   constexpr int64_t kBlock = 256;
@@ -325,7 +371,6 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
       out.narrow(2, i0, rows).copy_(block.view({b, hq, rows, d}));
     }
   }
-#endif
   out = out.view({b, hq, n, d}).transpose(1, 2).reshape({b, n, hq * d});
   return linear_layer(out, layer.wo);
 }
@@ -362,9 +407,11 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
                                                    shape_string(mask.sizes()));
     }
     mask = mask.to(options_.device, torch::kBool);
-#if TORCH_VERSION_MAJOR < 2
-    open_slots = mask.all(0).to(torch::kInt32).cumprod(0).sum().item<int64_t>();
-#endif
+    // The blocked attention masks only the columns after these (SDPA takes the whole mask, and
+    // this would cost a device synchronisation there).
+    if (!use_sdpa(options_.device)) {
+      open_slots = mask.all(0).to(torch::kInt32).cumprod(0).sum().item<int64_t>();
+    }
   } else if (n > 1) {
     // Every cached slot, plus the new tokens causally.
     auto cols = torch::arange(past + n, torch::TensorOptions().device(options_.device));

@@ -295,3 +295,53 @@ TEST_CASE("a few fresh tokens after a long prefix: same logits under InferenceMo
   select_cpu_linear(kernel);
   REQUIRE((plain - without).abs().max().item<double>() < 1e-4);
 }
+
+TEST_CASE("SDPA and the blocked attention give the same logits", "[llama][attention]") {
+  // kAuto takes SDPA on GPUs and the blocked attention on the CPU; both must agree wherever they
+  // run: a long causal prefill (several query blocks), fresh tokens under a custom mask with
+  // gaps after cached slots (the Prompt Cache case), and a decode step.
+  struct Restore {
+    AttentionImpl impl = selected_attention();
+    ~Restore() { select_attention(impl); }
+  } restore;
+#if TORCH_VERSION_MAJOR < 2
+  CHECK_FALSE(select_attention(AttentionImpl::kSdpa));
+  CHECK(selected_attention() == restore.impl);
+  WARN("LibTorch 1.x has no scaled_dot_product_attention: only its refusal is checked");
+#else
+  const ModelConfig c = tiny_gqa_config();
+  LoadOptions load;
+  if (const char* device = std::getenv("PROMPTCACHE_TEST_DEVICE"))
+    load.device = parse_device(device);
+  const auto model = LlamaModel::from_tensors(c, random_llama_weights(c, 13, 0.15), load);
+  std::mt19937 rng(9);
+  std::vector<int64_t> head, fresh;
+  for (int i = 0; i < 300; ++i) head.push_back(rng() % c.vocab_size);
+  for (int i = 0; i < 12; ++i) fresh.push_back(rng() % c.vocab_size);
+  // Fresh tokens at positions 400.. see every other cached slot and earlier fresh tokens.
+  auto mask = torch::zeros({12, 312}, torch::kBool);
+  for (int64_t i = 0; i < 12; ++i) {
+    for (int64_t j = 0; j < 300; j += 2) mask[i][j] = true;
+    for (int64_t j = 300; j <= 300 + i; ++j) mask[i][j] = true;
+  }
+  ForwardOptions all;
+  all.all_logits = true;
+  ForwardOptions masked = all;
+  masked.attention_mask = mask;
+  auto run = [&](AttentionImpl impl) {
+    REQUIRE(select_attention(impl));
+    KVCache cache = model->make_cache(320);
+    auto prefill = model->forward(ids_tensor(head), torch::arange(300, torch::kInt64), cache, all);
+    auto after =
+        model->forward(ids_tensor(fresh), torch::arange(400, 412, torch::kInt64), cache, masked);
+    auto step = model->forward(ids_tensor({fresh[0]}), torch::tensor({412}, torch::kInt64), cache);
+    return std::vector<torch::Tensor>{prefill.cpu(), after.cpu(), step.cpu()};
+  };
+  const auto blocked = run(AttentionImpl::kBlocked);
+  const auto sdpa = run(AttentionImpl::kSdpa);
+  for (std::size_t i = 0; i < blocked.size(); ++i) {
+    INFO("part " << i << " (prefill, masked fresh tokens, decode step)");
+    CHECK((blocked[i] - sdpa[i]).abs().max().item<double>() < 1e-4);
+  }
+#endif
+}

@@ -28,6 +28,15 @@ torch::Device parse_device(const std::string& text);
 torch::Dtype parse_dtype(const std::string& text);
 std::string dtype_name(torch::Dtype dtype);
 
+// How attention is computed. kAuto: LibTorch 2.x's fused scaled_dot_product_attention on GPUs,
+// the library's own attention (query blocks, KV heads split over threads for a few fresh tokens)
+// on the CPU, where it was measured faster (docs/benchmarks.md). The environment variable
+// PROMPTCACHE_ATTENTION=sdpa|blocked sets the starting choice, for comparisons.
+enum class AttentionImpl { kAuto, kSdpa, kBlocked };
+// Process-wide; returns false (and changes nothing) for kSdpa on LibTorch 1.x, which lacks it.
+bool select_attention(AttentionImpl impl);
+AttentionImpl selected_attention();
+
 struct ForwardOptions {
   // Logits for every new token ([batch, n, vocab]) instead of only the last ([batch, 1, vocab]).
   bool all_logits = false;
