@@ -7,11 +7,17 @@
 // The cached TTFT is cold (every span copied); warm_cached_ttft_ms repeats the prompt with the
 // buffer still holding its modules, as for a second question over the same documents.
 //
+// --kernels on,off measures both settings of the CPU's small-row paths (linear kernels and
+// split-head attention, PROMPTCACHE_CPU_KERNELS) in one run, one JSON line each. Their repeats
+// are interleaved (uncached on, uncached off, uncached on, ...), so drift and load on this shared
+// machine hit both settings alike; times are the best of the repeats, medians are given too.
+//
 //   build/benchmarks/bench_ttft [--schema 512,1024,2048,4096] [--fresh 16,64] [--repeats 3]
 //                               [--threads N] [--shape bench-small] [--device cpu|cuda]
-//                               [--dtype f32|f16|bf16]
+//                               [--dtype f32|f16|bf16] [--kernels on|off|on,off]
 #include <torch/types.h>
 
+#include <algorithm>
 #include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -19,6 +25,7 @@
 
 #include "bench_common.hpp"
 #include "promptcache/engine.hpp"
+#include "promptcache/model/cpu_linear.hpp"
 #include "promptcache/model/synthetic.hpp"
 #include "promptcache/model/threads.hpp"
 
@@ -47,17 +54,60 @@ double best_of(int repeats, const std::function<double()>& f) {
   return best;
 }
 
+double smallest(const std::vector<double>& v) {
+  return *std::min_element(v.begin(), v.end());
+}
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+// "on": the best small-row kernel this processor has; "off": torch::linear and blocked attention.
+CpuLinearKernel kernel_setting(const std::string& name) {
+  if (name == "off") return CpuLinearKernel::kNone;
+  if (name == "on") {
+    for (auto k : {CpuLinearKernel::kAvx512, CpuLinearKernel::kAvx2}) {
+      if (select_cpu_linear(k)) return k;
+    }
+    std::cerr << "bench_ttft: --kernels on, but this processor or build has no small-row "
+                 "kernel; measuring 'off' instead\n";
+    return CpuLinearKernel::kNone;
+  }
+  std::cerr << "bench_ttft: --kernels takes on, off or on,off, not '" << name << "'\n";
+  std::exit(2);
+}
+
+// Samples of one kernel setting for one schema size and question length.
+struct Samples {
+  CpuLinearKernel kernel = CpuLinearKernel::kNone;
+  std::vector<double> uncached, cached, warm;
+  double assembly_ms = 1e300, fresh_prefill_ms = 1e300;
+  int64_t warm_reused_tokens = 0;  // should be every cached token
+  Response cached_response, uncached_response;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bench::Flags flags(argc, argv, "bench_ttft",
-                           {"schema", "fresh", "repeats", "threads", "shape", "device", "dtype"});
+  const bench::Flags flags(
+      argc, argv, "bench_ttft",
+      {"schema", "fresh", "repeats", "threads", "shape", "device", "dtype", "kernels"});
   const auto schema_sizes = flags.list("schema", {512, 1024, 2048, 4096});
   const auto fresh_sizes = flags.list("fresh", {16, 64});
   const int repeats = flags.integer("repeats", 3), threads = flags.integer("threads", 0);
   const std::string shape = flags.text("shape", "bench-small");
   const std::string device = flags.text("device", "cpu"), dtype = flags.text("dtype", "f32");
   const auto applied = configure_threads(threads);
+  std::vector<CpuLinearKernel> kernel_settings;
+  {
+    std::stringstream list(flags.text("kernels", cpu_linear_name(cpu_linear_kernel()) == "off"
+                                                     ? std::string("off")
+                                                     : std::string("on")));
+    std::string item;
+    while (std::getline(list, item, ',')) kernel_settings.push_back(kernel_setting(item));
+    select_cpu_linear(kernel_settings.front());  // for compiling
+  }
   const ModelConfig config = synthetic_config(shape);
   std::cerr << "bench_ttft: making " << shape << " model and tokenizer...\n";
   EngineOptions options;
@@ -96,27 +146,34 @@ int main(int argc, char** argv) {
           text_of_tokens(engine.tokenizer(), words, qfrom, fresh) + "</prompt>";
       SamplingParams one;
       one.max_new_tokens = 1;
-      Response cached, uncached;
-      const double uncached_ms = best_of(repeats, [&] {
-        uncached = engine.generate_xml(prompt, one, {}, RequestOptions{false});
-        return uncached.timings.ttft_ms;
-      });
-      double assembly_ms = 1e300, fresh_prefill_ms = 1e300;
+      std::vector<Samples> samples(kernel_settings.size());
+      for (std::size_t i = 0; i < samples.size(); ++i) samples[i].kernel = kernel_settings[i];
       // Cold: every span copied into the buffer, as for a request that shares nothing with the
       // one before. Warm: the same prompt again, the buffer still holding its modules.
       const RequestOptions cold{true, /*reuse_buffer=*/false};
-      const double cached_ms = best_of(repeats + 2, [&] {
-        cached = engine.generate_xml(prompt, one, {}, cold);
-        assembly_ms = std::min(assembly_ms, cached.timings.assembly_ms);
-        fresh_prefill_ms = std::min(fresh_prefill_ms, cached.timings.fresh_prefill_ms);
-        return cached.timings.ttft_ms;
-      });
-      engine.generate_xml(prompt, one);
-      const double warm_ms =
-          best_of(repeats + 2, [&] { return engine.generate_xml(prompt, one).timings.ttft_ms; });
+      for (int r = 0; r < repeats; ++r) {
+        for (auto& s : samples) {
+          select_cpu_linear(s.kernel);
+          s.uncached_response = engine.generate_xml(prompt, one, {}, RequestOptions{false});
+          s.uncached.push_back(s.uncached_response.timings.ttft_ms);
+        }
+      }
+      for (int r = 0; r < repeats + 2; ++r) {
+        for (auto& s : samples) {
+          select_cpu_linear(s.kernel);
+          s.cached_response = engine.generate_xml(prompt, one, {}, cold);
+          s.cached.push_back(s.cached_response.timings.ttft_ms);
+          s.assembly_ms = std::min(s.assembly_ms, s.cached_response.timings.assembly_ms);
+          s.fresh_prefill_ms =
+              std::min(s.fresh_prefill_ms, s.cached_response.timings.fresh_prefill_ms);
+          const Response warm = engine.generate_xml(prompt, one);
+          s.warm.push_back(warm.timings.ttft_ms);
+          s.warm_reused_tokens = warm.reused_tokens;
+        }
+      }
       // A plain copy of the same number of bytes, same run: memcpy on the CPU, a device-to-device
       // tensor copy on a GPU.
-      const std::size_t bytes = static_cast<std::size_t>(cached.kv_bytes);
+      const std::size_t bytes = static_cast<std::size_t>(samples[0].cached_response.kv_bytes);
       double memcpy_ms = 0;
       if (options.load.device.is_cpu()) {
         std::vector<char> src(bytes, 1), dst(bytes, 0);
@@ -138,29 +195,39 @@ int main(int argc, char** argv) {
           return now_ms() - t;
         });
       }
-      nlohmann::json j = {{"bench", "ttft"},
-                          {"shape", shape},
-                          {"schema_tokens", layout.total_length},
-                          {"fresh_tokens", cached.fresh_tokens},
-                          {"cached_tokens", cached.cached_tokens},
-                          {"uncached_ttft_ms", uncached_ms},
-                          {"cached_ttft_ms", cached_ms},
-                          {"assembly_ms", assembly_ms},
-                          {"fresh_prefill_ms", fresh_prefill_ms},
-                          {"speedup", uncached_ms / cached_ms},
-                          {"warm_cached_ttft_ms", warm_ms},
-                          {"warm_speedup", uncached_ms / warm_ms},
-                          {"kv_bytes", cached.kv_bytes},
-                          {"assembly_gbps", bytes / (assembly_ms * 1e6)},
-                          {"memcpy_gbps", bytes / (memcpy_ms * 1e6)},
-                          {"assembly_to_memcpy", memcpy_ms / assembly_ms},
-                          {"compile_ms", compile_ms},
-                          {"same_first_token", cached.tokens == uncached.tokens},
-                          {"device", device},
-                          {"dtype", dtype},
-                          {"threads", applied.blas_threads},
-                          {"torch_threads", applied.torch_threads}};
-      std::cout << j.dump() << std::endl;
+      for (const auto& s : samples) {
+        const double uncached_ms = smallest(s.uncached), cached_ms = smallest(s.cached);
+        const double warm_ms = smallest(s.warm);
+        const auto& cached = s.cached_response;
+        nlohmann::json j = {{"bench", "ttft"},
+                            {"shape", shape},
+                            {"schema_tokens", layout.total_length},
+                            {"fresh_tokens", cached.fresh_tokens},
+                            {"cached_tokens", cached.cached_tokens},
+                            {"uncached_ttft_ms", uncached_ms},
+                            {"cached_ttft_ms", cached_ms},
+                            {"assembly_ms", s.assembly_ms},
+                            {"fresh_prefill_ms", s.fresh_prefill_ms},
+                            {"speedup", uncached_ms / cached_ms},
+                            {"warm_cached_ttft_ms", warm_ms},
+                            {"warm_speedup", uncached_ms / warm_ms},
+                            {"warm_reused_tokens", s.warm_reused_tokens},
+                            {"uncached_ttft_ms_median", median(s.uncached)},
+                            {"cached_ttft_ms_median", median(s.cached)},
+                            {"speedup_median", median(s.uncached) / median(s.cached)},
+                            {"kv_bytes", cached.kv_bytes},
+                            {"assembly_gbps", bytes / (s.assembly_ms * 1e6)},
+                            {"memcpy_gbps", bytes / (memcpy_ms * 1e6)},
+                            {"assembly_to_memcpy", memcpy_ms / s.assembly_ms},
+                            {"compile_ms", compile_ms},
+                            {"same_first_token", cached.tokens == s.uncached_response.tokens},
+                            {"kernels", cpu_linear_name(s.kernel)},
+                            {"device", device},
+                            {"dtype", dtype},
+                            {"threads", applied.blas_threads},
+                            {"torch_threads", applied.torch_threads}};
+        std::cout << j.dump() << std::endl;
+      }
     }
   }
   return 0;
