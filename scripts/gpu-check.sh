@@ -1,50 +1,130 @@
 #!/usr/bin/env bash
-# GPU check: builds promptcache against PyTorch's bundled LibTorch (2.x, CUDA), runs the engine
-# and contract suites on the GPU and bench_ttft in f16, and prints a summary.
-# Needs: an NVIDIA GPU, python3 with torch (CUDA build), cmake, a C++17 compiler. The Debian
-# -dev packages this project needs (pugixml, fmt, nlohmann-json, catch2, cli11) are taken from
-# the system when present, or unpacked from .deb files given in $DEB_DIR with dpkg -x.
+# GPU check: builds promptcache against PyTorch's bundled LibTorch (2.x, CUDA), runs the model,
+# engine and contract suites on the GPU, then bench_ttft in f16 and bf16, and prints a summary
+# (also written to $OUT/summary.txt with every log beside it).
+#
+#   scripts/gpu-debs.sh                         # here, once: the Debian packages, into .gpu-debs/
+#   scripts/gpu-check.sh [--device cuda|cpu] [--repeats N] [--schema 512,1024,2048,4096]
+#
+# Needs: python3 with torch (or TORCH_CMAKE_PREFIX set to LibTorch's cmake folder), cmake and a
+# C++17 compiler. The Debian -dev packages this project needs (pugixml, fmt, nlohmann-json,
+# catch2, cli11, sentencepiece) are used from the system when present; otherwise the .deb files in
+# $DEB_DIR (default .gpu-debs) are unpacked into a private prefix (dpkg-deb, or ar + tar).
+# --device cpu runs the same steps on the CPU: a dry run of this script on a machine without a GPU
+# (with --schema 512 --repeats 1: f16 on a CPU is slow).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+device=cuda
+repeats=3
+schema=512,1024,2048,4096
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --device) device=${2:?--device needs cuda or cpu}; shift 2 ;;
+    --repeats) repeats=${2:?--repeats needs a number}; shift 2 ;;
+    --schema) schema=${2:?--schema needs a list of token counts}; shift 2 ;;
+    *) echo "gpu-check: unknown argument '$1' (usage: scripts/gpu-check.sh [--device cuda|cpu] [--repeats N] [--schema LIST])" >&2; exit 2 ;;
+  esac
+done
 out=${OUT:-$(mktemp -d)}
 mkdir -p "$out"
+: >"$out/summary.txt"
 log() { echo "[gpu-check] $*" | tee -a "$out/summary.txt"; }
+failures=0
+start=$(date +%s)
+elapsed() { echo "$(($(date +%s) - start)) s"; }
 
-prefix_path=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)' 2>/dev/null) || {
-  log "python3 with torch is not available"; exit 1; }
-log "torch $(python3 -c 'import torch;print(torch.__version__, torch.version.cuda, torch.cuda.is_available())')"
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | while read -r l; do log "gpu: $l"; done
-
-extra_prefix=""
-if [ -n "${DEB_DIR:-}" ]; then
-  mkdir -p "$out/debroot"
-  for d in "$DEB_DIR"/*.deb; do dpkg -x "$d" "$out/debroot"; done
-  extra_prefix=";$out/debroot/usr;$out/debroot/usr/lib/x86_64-linux-gnu/cmake;$out/debroot/usr/share/cmake"
-  export CPATH="$out/debroot/usr/include${CPATH:+:$CPATH}"
+# --- LibTorch ---------------------------------------------------------------------------------
+abi_flags=()
+if [ -n "${TORCH_CMAKE_PREFIX:-}" ]; then
+  prefix_path=$TORCH_CMAKE_PREFIX
+  log "LibTorch from TORCH_CMAKE_PREFIX=$prefix_path"
+else
+  prefix_path=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)' 2>/dev/null) || {
+    log "python3 with torch is not available (or set TORCH_CMAKE_PREFIX)"; exit 1; }
+  log "torch $(python3 -c 'import torch;print(torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())')"
+  # Wheels state their std::string ABI; the Debian libraries below use the C++11 one.
+  abi=$(python3 -c 'import torch;print(int(torch._C._GLIBCXX_USE_CXX11_ABI))')
+  [ "$abi" = 1 ] || log "warning: this torch uses the pre-C++11 string ABI; libfmt from Debian will not link"
+  abi_flags=(-DCMAKE_CXX_FLAGS="-D_GLIBCXX_USE_CXX11_ABI=$abi")
 fi
-# PyTorch wheels are built with the pre-C++11 std::string ABI unless they say otherwise.
-abi=$(python3 -c 'import torch;print(int(torch._C._GLIBCXX_USE_CXX11_ABI))')
-build=build-gpu
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=$prefix_path$extra_prefix" \
-  -DCMAKE_CXX_FLAGS="-D_GLIBCXX_USE_CXX11_ABI=$abi" -DPROMPTCACHE_PCH=ON >"$out/configure.log" 2>&1 \
-  || { log "configure failed (see configure.log)"; tail -20 "$out/configure.log"; exit 1; }
-cmake --build "$build" -j"$(nproc)" >"$out/build.log" 2>&1 \
-  || { log "build failed (see build.log)"; grep -m20 error "$out/build.log"; exit 1; }
-log "build ok"
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | while read -r l; do log "gpu: $l"; done
+  # LibTorch's CMake config otherwise compiles and runs a probe to find the architecture.
+  arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1)
+  [ -n "$arch" ] && export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$arch}
+fi
+log "$(c++ --version | head -1); $(cmake --version | head -1); $(nproc) cores"
 
-export PROMPTCACHE_TEST_DEVICE=cuda
-for suite in cache_tests contract_tests model_tests; do
+# --- the Debian packages, unpacked when the machine lacks them --------------------------------
+deb_dir=${DEB_DIR:-.gpu-debs}
+extra_prefix=""
+if [ -d "$deb_dir" ] && ls "$deb_dir"/*.deb >/dev/null 2>&1 && [ ! -f /usr/include/pugixml.hpp ]; then
+  root="$out/debroot"
+  mkdir -p "$root"
+  for d in "$deb_dir"/*.deb; do
+    if command -v dpkg-deb >/dev/null; then
+      dpkg-deb -x "$d" "$root"
+    else  # a .deb is an ar archive holding data.tar.*
+      member=$(ar t "$d" | grep '^data.tar')
+      case "$member" in
+        *.xz) z=-J ;; *.gz) z=-z ;; *.zst) z=--zstd ;; *.bz2) z=-j ;; *) z= ;;
+      esac
+      ar p "$d" "$member" | tar -x $z -C "$root" -f -
+    fi
+  done
+  lib="$root/usr/lib/x86_64-linux-gnu"
+  extra_prefix=";$root/usr;$lib/cmake;$root/usr/lib/cmake;$root/usr/share/cmake"
+  export CPATH="$root/usr/include${CPATH:+:$CPATH}"
+  export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export PATH="$root/usr/bin:$PATH"  # spm_train, which the tests use to train tokenizers
+  export PKG_CONFIG_PATH="$lib/pkgconfig" PKG_CONFIG_SYSROOT_DIR="$root"
+  log "unpacked $(ls "$deb_dir"/*.deb | wc -l) packages from $deb_dir into $root"
+fi
+command -v spm_train >/dev/null || log "warning: spm_train is missing; tests that train a tokenizer will fail"
+
+# --- build ------------------------------------------------------------------------------------
+build=${BUILD_DIR:-build-gpu}
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=$prefix_path$extra_prefix" \
+  "${abi_flags[@]}" -DPROMPTCACHE_BUILD_EXAMPLES=OFF >"$out/configure.log" 2>&1 ||
+  { log "configure FAILED (configure.log):"; tail -30 "$out/configure.log" | tee -a "$out/summary.txt"; exit 1; }
+targets=(model_tests cache_tests contract_tests bench_ttft)
+cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" >"$out/build.log" 2>&1 ||
+  { log "build FAILED (build.log):"; grep -m20 -E 'error|undefined reference' "$out/build.log" | tee -a "$out/summary.txt"; exit 1; }
+log "build ok after $(elapsed)"
+
+# --- tests on the device ----------------------------------------------------------------------
+export PROMPTCACHE_TEST_DEVICE=$device
+for suite in model_tests cache_tests contract_tests; do
   if "$build/tests/$suite" >"$out/$suite.log" 2>&1; then
-    log "$suite (device cuda): $(tail -2 "$out/$suite.log" | tr -s '\n' ' ')"
+    log "$suite (device $device): $(grep -E '^(All tests passed|test cases)' "$out/$suite.log" | tail -1)"
   else
-    log "$suite (device cuda) FAILED: $(tail -4 "$out/$suite.log" | tr -s '\n' ' ')"
+    failures=$((failures + 1))
+    log "$suite (device $device) FAILED:"
+    grep -E -A8 'FAILED|^/.*: (error|fatal)' "$out/$suite.log" | head -40 | tee -a "$out/summary.txt"
+    tail -3 "$out/$suite.log" | tee -a "$out/summary.txt"
   fi
 done
-for dtype in f16 bf16; do
-  if "$build/benchmarks/bench_ttft" --device cuda --dtype "$dtype" --repeats 3 >"$out/bench_ttft_$dtype.jsonl" 2>"$out/bench_ttft_$dtype.err"; then
-    log "bench_ttft cuda $dtype:"; cat "$out/bench_ttft_$dtype.jsonl" | tee -a "$out/summary.txt"
+log "tests done after $(elapsed)"
+
+# --- bench_ttft in half precision ------------------------------------------------------------
+dtypes=(f16 bf16)
+for dtype in "${dtypes[@]}"; do
+  if "$build/benchmarks/bench_ttft" --device "$device" --dtype "$dtype" --repeats "$repeats" --schema "$schema" \
+      >"$out/bench_ttft_$dtype.jsonl" 2>"$out/bench_ttft_$dtype.err"; then
+    log "bench_ttft $device $dtype:"
+    python3 - "$out/bench_ttft_$dtype.jsonl" <<'PY' | tee -a "$out/summary.txt"
+import json, sys
+print("schema fresh  uncached_ms  cached_ms  speedup  warm_ms  assembly_ms  assembly/copy  same_token")
+for line in open(sys.argv[1]):
+    j = json.loads(line)
+    print(f"{j['schema_tokens']:6} {j['fresh_tokens']:5} {j['uncached_ttft_ms']:12.2f} {j['cached_ttft_ms']:10.2f} "
+          f"{j['speedup']:7.1f}x {j['warm_cached_ttft_ms']:8.2f} {j['assembly_ms']:12.3f} "
+          f"{j['assembly_to_memcpy']:13.2f}  {j['same_first_token']}")
+PY
   else
-    log "bench_ttft cuda $dtype FAILED: $(tail -3 "$out/bench_ttft_$dtype.err")"
+    failures=$((failures + 1))
+    log "bench_ttft $device $dtype FAILED: $(tail -3 "$out/bench_ttft_$dtype.err")"
   fi
 done
-log "done; logs in $out"
+log "done after $(elapsed): $failures failure(s); logs in $out"
+[ "$failures" -eq 0 ]
