@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Plots bench_ttft and bench_prefill results (JSON lines) as PNGs with gnuplot.
 #   benchmarks/plot.sh TTFT.jsonl PREFILL.jsonl OUT_DIR
-# (apt-get install gnuplot-nox)
+# PREFILL.jsonl may be '-' to leave prefill.png as it is. TTFT rows measured with the CPU kernels
+# off (bench_ttft --kernels on,off) are left out. (apt-get install gnuplot-nox)
 set -euo pipefail
 ttft=$1 prefill=$2 out=${3:-docs/img}
 mkdir -p "$out"
@@ -11,13 +12,14 @@ python3 - "$ttft" "$prefill" "$tmp" <<'PY'
 import json, sys
 ttft, prefill, tmp = sys.argv[1:4]
 rows = [json.loads(l) for l in open(ttft) if l.strip()]
+rows = [r for r in rows if r.get("kernels") != "off"] or rows
 for fresh in sorted({r["fresh_tokens"] for r in rows}):
     with open(f"{tmp}/ttft_{fresh}.dat", "w") as f:
         for r in rows:
             if r["fresh_tokens"] == fresh:
                 f.write(f'{r["schema_tokens"]} {r["uncached_ttft_ms"]} {r["cached_ttft_ms"]} {r["speedup"]}\n')
 with open(f"{tmp}/prefill.dat", "w") as f:
-    for l in open(prefill):
+    for l in (open(prefill) if prefill != "-" else []):
         if l.strip():
             r = json.loads(l)
             f.write(f'{r["tokens"]} {r["prefill_gflops"]} {r["gemm_gflops"]} {r["prefill_tokens_per_s"]}\n')
@@ -39,6 +41,7 @@ set key left top
 set grid
 plot ${plots%, }
 GP
+[ "$prefill" = "-" ] && { echo "wrote $out/ttft.png"; exit 0; }
 gnuplot <<GP
 set terminal pngcairo size 800,500
 set output '$out/prefill.png'
