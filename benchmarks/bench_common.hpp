@@ -1,6 +1,7 @@
 // benchmarks/bench_common.hpp — flag parsing and text helpers shared by the benchmarks.
 #pragma once
 
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <map>
@@ -53,6 +54,16 @@ class Flags {
  private:
   std::map<std::string, std::string> values_;
 };
+
+// Best (smallest) and median of a benchmark's timed repeats (at least one).
+inline double best_time(const std::vector<double>& v) {
+  return *std::min_element(v.begin(), v.end());
+}
+inline double median_time(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
 
 // The words of the built-in corpus without characters that are special in XML.
 inline std::vector<std::string> corpus_words() {

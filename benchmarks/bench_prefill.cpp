@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.hpp"
 #include "promptcache/generation.hpp"
 #include "promptcache/model/llama.hpp"
 #include "promptcache/model/synthetic.hpp"
@@ -90,15 +91,6 @@ Args parse_args(int argc, char** argv) {
     }
   }
   return a;
-}
-
-double best(const std::vector<double>& v) {
-  return *std::min_element(v.begin(), v.end());
-}
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
 // Best time (ms) of `reps` calls of fn, after one untimed call.
@@ -293,7 +285,7 @@ int main(int argc, char** argv) {
         decode_ms.push_back(pc::now_ms() - t1);
       }
     }
-    const double ms = best(prefill_ms);
+    const double ms = pc::bench::best_time(prefill_ms);
     const double gflops = model->prefill_flops(n) / (ms * 1e-3) / 1e9;
     ordered_json j;
     j["bench"] = "prefill";
@@ -304,12 +296,12 @@ int main(int argc, char** argv) {
     j["gemm_gflops"] = gemm;
     j["ratio_to_gemm"] = gflops / gemm;
     j["decode_tokens_per_s"] =
-        args.decode_steps > 0 ? args.decode_steps / (best(decode_ms) * 1e-3) : 0.0;
+        args.decode_steps > 0 ? args.decode_steps / (pc::bench::best_time(decode_ms) * 1e-3) : 0.0;
     j["threads"] = applied.openblas ? applied.blas_threads : applied.torch_threads;
     j["torch_threads"] = applied.torch_threads;
     j["openblas"] = applied.openblas;
     j["statistic"] = "best_of_" + std::to_string(args.repeats);
-    j["prefill_ms_median"] = median(prefill_ms);
+    j["prefill_ms_median"] = pc::bench::median_time(prefill_ms);
     std::cout << j.dump() << std::endl;
     if (args.breakdown)
       std::cout << layer_breakdown(config, weights, n, args.repeats).dump() << std::endl;

@@ -54,15 +54,6 @@ double best_of(int repeats, const std::function<double()>& f) {
   return best;
 }
 
-double smallest(const std::vector<double>& v) {
-  return *std::min_element(v.begin(), v.end());
-}
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
-}
-
 // "on": the best small-row kernel this processor has; "off": torch::linear and blocked attention.
 CpuLinearKernel kernel_setting(const std::string& name) {
   if (name == "off") return CpuLinearKernel::kNone;
@@ -196,36 +187,38 @@ int main(int argc, char** argv) {
         });
       }
       for (const auto& s : samples) {
-        const double uncached_ms = smallest(s.uncached), cached_ms = smallest(s.cached);
-        const double warm_ms = smallest(s.warm);
+        const double uncached_ms = bench::best_time(s.uncached),
+                     cached_ms = bench::best_time(s.cached);
+        const double warm_ms = bench::best_time(s.warm);
         const auto& cached = s.cached_response;
-        nlohmann::json j = {{"bench", "ttft"},
-                            {"shape", shape},
-                            {"schema_tokens", layout.total_length},
-                            {"fresh_tokens", cached.fresh_tokens},
-                            {"cached_tokens", cached.cached_tokens},
-                            {"uncached_ttft_ms", uncached_ms},
-                            {"cached_ttft_ms", cached_ms},
-                            {"assembly_ms", s.assembly_ms},
-                            {"fresh_prefill_ms", s.fresh_prefill_ms},
-                            {"speedup", uncached_ms / cached_ms},
-                            {"warm_cached_ttft_ms", warm_ms},
-                            {"warm_speedup", uncached_ms / warm_ms},
-                            {"warm_reused_tokens", s.warm_reused_tokens},
-                            {"uncached_ttft_ms_median", median(s.uncached)},
-                            {"cached_ttft_ms_median", median(s.cached)},
-                            {"speedup_median", median(s.uncached) / median(s.cached)},
-                            {"kv_bytes", cached.kv_bytes},
-                            {"assembly_gbps", bytes / (s.assembly_ms * 1e6)},
-                            {"memcpy_gbps", bytes / (memcpy_ms * 1e6)},
-                            {"assembly_to_memcpy", memcpy_ms / s.assembly_ms},
-                            {"compile_ms", compile_ms},
-                            {"same_first_token", cached.tokens == s.uncached_response.tokens},
-                            {"kernels", cpu_linear_name(s.kernel)},
-                            {"device", device},
-                            {"dtype", dtype},
-                            {"threads", applied.blas_threads},
-                            {"torch_threads", applied.torch_threads}};
+        nlohmann::json j = {
+            {"bench", "ttft"},
+            {"shape", shape},
+            {"schema_tokens", layout.total_length},
+            {"fresh_tokens", cached.fresh_tokens},
+            {"cached_tokens", cached.cached_tokens},
+            {"uncached_ttft_ms", uncached_ms},
+            {"cached_ttft_ms", cached_ms},
+            {"assembly_ms", s.assembly_ms},
+            {"fresh_prefill_ms", s.fresh_prefill_ms},
+            {"speedup", uncached_ms / cached_ms},
+            {"warm_cached_ttft_ms", warm_ms},
+            {"warm_speedup", uncached_ms / warm_ms},
+            {"warm_reused_tokens", s.warm_reused_tokens},
+            {"uncached_ttft_ms_median", bench::median_time(s.uncached)},
+            {"cached_ttft_ms_median", bench::median_time(s.cached)},
+            {"speedup_median", bench::median_time(s.uncached) / bench::median_time(s.cached)},
+            {"kv_bytes", cached.kv_bytes},
+            {"assembly_gbps", bytes / (s.assembly_ms * 1e6)},
+            {"memcpy_gbps", bytes / (memcpy_ms * 1e6)},
+            {"assembly_to_memcpy", memcpy_ms / s.assembly_ms},
+            {"compile_ms", compile_ms},
+            {"same_first_token", cached.tokens == s.uncached_response.tokens},
+            {"kernels", cpu_linear_name(s.kernel)},
+            {"device", device},
+            {"dtype", dtype},
+            {"threads", applied.blas_threads},
+            {"torch_threads", applied.torch_threads}};
         std::cout << j.dump() << std::endl;
       }
     }
