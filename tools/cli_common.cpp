@@ -2,9 +2,56 @@
 
 #include <fmt/format.h>
 
+#include <cerrno>
+#include <cstdlib>
+#include <limits>
+
 #include "promptcache/model/threads.hpp"
 
 namespace promptcache::cli {
+
+CLI::Validator whole_number_at_least(long long min) {
+  const std::string wanted = fmt::format("a whole number >= {}", min);
+  return CLI::Validator(
+      [min, wanted](std::string& text) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const long long v = std::strtoll(text.c_str(), &end, 10);
+        if (text.empty() || *end != '\0' || errno == ERANGE || v < min) {
+          return fmt::format("expects {}, got '{}'", wanted, text);
+        }
+        return "";
+      },
+      fmt::format("INT>={}", min));
+}
+
+namespace {
+CLI::Validator real_number_check(const std::string& wanted, std::function<bool(double)> ok) {
+  return CLI::Validator(
+      [wanted, ok](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || *end != '\0' || !ok(v)) {
+          return fmt::format("expects {}, got '{}'", wanted, text);
+        }
+        return "";
+      },
+      wanted);
+}
+}  // namespace
+
+CLI::Validator number_in(double min, double max) {
+  const bool open_ended = max == std::numeric_limits<double>::infinity();
+  return real_number_check(open_ended ? fmt::format("a number >= {}", min)
+                                      : fmt::format("a number from {} to {}", min, max),
+                           [min, max](double v) { return v >= min && v <= max; });
+}
+
+CLI::Validator positive_number() {
+  return real_number_check("a number > 0", [](double v) {
+    return v > 0 && v < std::numeric_limits<double>::infinity();
+  });
+}
 
 void add_model_options(CLI::App& app, ModelOptions& o, bool model_required) {
   auto* model =
@@ -15,7 +62,7 @@ void add_model_options(CLI::App& app, ModelOptions& o, bool model_required) {
   app.add_option("--dtype", o.dtype, "f32, f16 or bf16")->capture_default_str();
   app.add_option("--threads", o.threads, "CPU threads (0 = all cores)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number_at_least(0));
 }
 
 void require_model(const ModelOptions& o) {
@@ -38,18 +85,22 @@ void add_sampling_options(CLI::App& app, SamplingOptions& o) {
   auto& p = o.params;
   app.add_option("-n,--max-new-tokens", p.max_new_tokens, "tokens to generate")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number_at_least(0));
   app.add_option("--temperature,-t", p.temperature, "0 = greedy")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(number_in(0, std::numeric_limits<double>::infinity()));
   app.add_option("--top-k", p.top_k, "keep the k most likely tokens (0 = off)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number_at_least(0));
   app.add_option("--top-p", p.top_p, "nucleus sampling mass (1 = off)")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
-  app.add_option("--repetition-penalty", p.repetition_penalty, "1 = off")->capture_default_str();
-  app.add_option("--seed", p.seed, "random seed for sampling")->capture_default_str();
+      ->check(number_in(0, 1));
+  app.add_option("--repetition-penalty", p.repetition_penalty, "1 = off")
+      ->capture_default_str()
+      ->check(positive_number());
+  app.add_option("--seed", p.seed, "random seed for sampling")
+      ->capture_default_str()
+      ->check(whole_number_at_least(0));
   app.add_option("--stop", o.stop, "stop when this text appears (repeatable)");
 }
 

@@ -44,6 +44,12 @@ Command register_run(CLI::App& root);
 Command register_qa(CLI::App& root);
 Command register_demo(CLI::App& root);
 
+// Number checks whose messages say what is wanted ("--max-new-tokens: expects a whole number
+// >= 0, got 'abc'"); CLI11's own checks print the range as 0.000000 to 1.797693e+308.
+CLI::Validator whole_number_at_least(long long min);
+CLI::Validator number_in(double min, double max);
+CLI::Validator positive_number();
+
 // A user mistake: printed as "promptcache: error: ..." without a stack trace; exit code 2.
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;

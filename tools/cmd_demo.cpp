@@ -61,10 +61,12 @@ Command register_demo(CLI::App& root) {
   app->add_option("--shape", o->shape, "synthetic model shape when no --model is given")
       ->capture_default_str()
       ->check(CLI::IsMember(synthetic_shapes()));
-  app->add_option("-n,--max-new-tokens", o->tokens, "tokens to generate")->capture_default_str();
+  app->add_option("-n,--max-new-tokens", o->tokens, "tokens to generate")
+      ->capture_default_str()
+      ->check(whole_number_at_least(0));
   app->add_option("--repeats", o->repeats, "runs per mode; the best TTFT is shown")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number_at_least(1));
   return {
       app, [o]() {
         ModelOptions model = o->model;

@@ -166,6 +166,16 @@ XML
     "$pc" layout "$src/schemas/trip.xml" --model "$work" >"$work/o" 2>"$work/e"; rc=$?
     [ $rc -eq 1 ] || fail "folder without a model: exit $rc, want 1"
     expect_in "config.json" "$work/e"
+    # Numbers: the message names the flag, what it wants and what it got; exit 2.
+    for bad in "-n abc|--max-new-tokens: expects a whole number >= 0, got 'abc'" \
+               "--top-p 2|--top-p: expects a number from 0 to 1, got '2'" \
+               "--repetition-penalty 0|--repetition-penalty: expects a number > 0, got '0'" \
+               "--threads 1.5|--threads: expects a whole number >= 0, got '1.5'"; do
+      read -r -a args <<<"${bad%%|*}"
+      "$pc" generate --model "$work/tiny" --text hi "${args[@]}" >"$work/o" 2>"$work/e"; rc=$?
+      [ $rc -eq 2 ] || fail "${bad%%|*}: exit $rc, want 2"
+      expect_in "${bad#*|}" "$work/e"
+    done
     "$pc" demo --shape huge 2>"$work/e" >/dev/null && fail "bad shape accepted"
     grep -qi "terminate\|stack\|Exception raised from" "$work/e" && fail "stack trace printed"
     for sub in demo layout run qa generate make-model; do
