@@ -4,7 +4,6 @@
 #include <c10/core/InferenceMode.h>
 #include <torch/version.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <exception>
@@ -60,16 +59,44 @@ torch::Tensor inverse_frequencies(const ModelConfig& c) {
   return inv_freq.contiguous();
 }
 
-std::atomic<AttentionImpl>& attention_choice() {
-  static std::atomic<AttentionImpl> choice{[] {
+// Whether a model made with `impl` on `device` runs scaled_dot_product_attention. SDPA dispatches
+// to fused (flash / memory-efficient) kernels on CUDA. On the CPU the blocked and split-head
+// attention is faster: with LibTorch 2.6 on bench-small, SDPA made a 2048-token prefill
+// 1.3-1.5x and a cached 2048 + 16 request 1.3-3.6x slower in three runs (docs/benchmarks.md).
+bool resolve_sdpa(AttentionImpl impl, const torch::Device& device, const std::string& origin) {
+  if (impl == AttentionImpl::kAuto) {
     const char* env = std::getenv("PROMPTCACHE_ATTENTION");
     const std::string value = env == nullptr ? "" : env;
-#if TORCH_VERSION_MAJOR >= 2
-    if (value == "sdpa") return AttentionImpl::kSdpa;
+    if (value == "sdpa") {
+      impl = AttentionImpl::kSdpa;
+    } else if (value == "blocked") {
+      impl = AttentionImpl::kBlocked;
+    } else if (!value.empty() && value != "auto") {
+      throw Error(ErrorKind::kInvalidArgument, "environment variable PROMPTCACHE_ATTENTION is '" +
+                                                   value + "'; use sdpa, blocked or auto");
+    }
+  }
+  switch (impl) {
+    case AttentionImpl::kSdpa:
+#if TORCH_VERSION_MAJOR < 2
+      throw Error(ErrorKind::kInvalidArgument,
+                  "scaled_dot_product_attention needs LibTorch 2.x (this is 1.x); use the blocked "
+                  "attention",
+                  {origin});
+#else
+      return true;
 #endif
-    return value == "blocked" ? AttentionImpl::kBlocked : AttentionImpl::kAuto;
-  }()};
-  return choice;
+    case AttentionImpl::kBlocked:
+      return false;
+    case AttentionImpl::kAuto:
+      break;
+  }
+#if TORCH_VERSION_MAJOR >= 2
+  return !device.is_cpu();
+#else
+  (void)device;
+  return false;
+#endif
 }
 
 }  // namespace
@@ -98,18 +125,6 @@ torch::Dtype parse_dtype(const std::string& text) {
   if (text == "f16" || text == "float16" || text == "half") return torch::kFloat16;
   if (text == "bf16" || text == "bfloat16") return torch::kBFloat16;
   throw Error(ErrorKind::kInvalidArgument, "unknown dtype '" + text + "' (use f32, f16 or bf16)");
-}
-
-bool select_attention(AttentionImpl impl) {
-#if TORCH_VERSION_MAJOR < 2
-  if (impl == AttentionImpl::kSdpa) return false;
-#endif
-  attention_choice().store(impl);
-  return true;
-}
-
-AttentionImpl selected_attention() {
-  return attention_choice().load();
 }
 
 std::string dtype_name(torch::Dtype dtype) {
@@ -162,6 +177,7 @@ std::unique_ptr<LlamaModel> LlamaModel::from_tensors(const ModelConfig& config,
   std::unique_ptr<LlamaModel> m(new LlamaModel());
   m->config_ = config;
   m->options_ = options;
+  m->sdpa_ = resolve_sdpa(options.attention, options.device, origin);
   const auto to_model = torch::TensorOptions().device(options.device).dtype(options.dtype);
   auto take = [&](const std::string& name, std::vector<int64_t> shape) {
     auto it = w.find(name);
@@ -224,26 +240,6 @@ std::pair<torch::Tensor, torch::Tensor> LlamaModel::rope_tables(
 }
 
 namespace {
-
-// SDPA dispatches to fused (flash / memory-efficient) kernels on CUDA. On the CPU the blocked
-// and split-head attention below is faster: with LibTorch 2.6 on bench-small, SDPA made a
-// 2048-token prefill 1.4x and a cached 2048 + 16 request 1.3x slower (docs/benchmarks.md).
-bool use_sdpa(const torch::Device& device) {
-  switch (attention_choice().load()) {
-    case AttentionImpl::kSdpa:
-      return true;
-    case AttentionImpl::kBlocked:
-      return false;
-    case AttentionImpl::kAuto:
-      break;
-  }
-#if TORCH_VERSION_MAJOR >= 2
-  return !device.is_cpu();
-#else
-  (void)device;
-  return false;
-#endif
-}
 
 // Up to this many fresh tokens, attention on the CPU goes KV head by KV head over threads.
 constexpr int64_t kSplitHeadsMaxTokens = 64;
@@ -320,7 +316,7 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
   // stacked along the row axis, so one matmul per KV head serves the whole group.
   torch::Tensor out;
 #if TORCH_VERSION_MAJOR >= 2
-  if (use_sdpa(q.device())) {
+  if (sdpa_) {
     auto qg = q.reshape({b, hkv, groups * n, d});
     // An absent mask must be nullopt: an optional holding an undefined tensor is an error there.
     c10::optional<torch::Tensor> grouped_mask;
@@ -409,7 +405,7 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
     mask = mask.to(options_.device, torch::kBool);
     // The blocked attention masks only the columns after these (SDPA takes the whole mask, and
     // this would cost a device synchronisation there).
-    if (!use_sdpa(options_.device)) {
+    if (!sdpa_) {
       open_slots = mask.all(0).to(torch::kInt32).cumprod(0).sum().item<int64_t>();
     }
   } else if (n > 1) {

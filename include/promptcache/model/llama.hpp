@@ -17,9 +17,17 @@
 
 namespace promptcache {
 
+// How attention is computed. kAuto: LibTorch 2.x's fused scaled_dot_product_attention on GPUs,
+// the library's own attention (query blocks; KV heads split over threads for a few fresh tokens)
+// on the CPU, where it was measured faster (docs/benchmarks.md). With kAuto the environment
+// variable PROMPTCACHE_ATTENTION=sdpa|blocked|auto decides instead, for comparisons.
+enum class AttentionImpl { kAuto, kSdpa, kBlocked };
+
 struct LoadOptions {
   torch::Device device = torch::kCPU;
   torch::Dtype dtype = torch::kFloat32;
+  // kSdpa on LibTorch 1.x, which lacks it, is an Error(kInvalidArgument) when the model is made.
+  AttentionImpl attention = AttentionImpl::kAuto;
 };
 
 // Parses "cpu", "cuda", "cuda:1" and "f32"/"float32", "f16"/"float16"/"half", "bf16"/"bfloat16";
@@ -27,15 +35,6 @@ struct LoadOptions {
 torch::Device parse_device(const std::string& text);
 torch::Dtype parse_dtype(const std::string& text);
 std::string dtype_name(torch::Dtype dtype);
-
-// How attention is computed. kAuto: LibTorch 2.x's fused scaled_dot_product_attention on GPUs,
-// the library's own attention (query blocks, KV heads split over threads for a few fresh tokens)
-// on the CPU, where it was measured faster (docs/benchmarks.md). The environment variable
-// PROMPTCACHE_ATTENTION=sdpa|blocked sets the starting choice, for comparisons.
-enum class AttentionImpl { kAuto, kSdpa, kBlocked };
-// Process-wide; returns false (and changes nothing) for kSdpa on LibTorch 1.x, which lacks it.
-bool select_attention(AttentionImpl impl);
-AttentionImpl selected_attention();
 
 struct ForwardOptions {
   // Logits for every new token ([batch, n, vocab]) instead of only the last ([batch, 1, vocab]).
@@ -61,6 +60,8 @@ class LlamaModel {
   torch::Device device() const { return options_.device; }
   torch::Dtype dtype() const { return options_.dtype; }
   torch::TensorOptions tensor_options() const;
+  // The attention this model runs, resolved from LoadOptions::attention: "sdpa" or "blocked".
+  std::string attention_name() const { return sdpa_ ? "sdpa" : "blocked"; }
 
   // A cache shaped for this model, on its device and dtype.
   KVCache make_cache(int64_t capacity, int64_t batch = 1) const;
@@ -92,6 +93,7 @@ class LlamaModel {
   torch::Tensor embed_, final_norm_, lm_head_;
   std::vector<Layer> layers_;
   torch::Tensor inv_freq_;  // float32 [head_dim / 2], rope_scaling applied
+  bool sdpa_ = false;       // attention through scaled_dot_product_attention (fixed at load)
 };
 
 }  // namespace promptcache
