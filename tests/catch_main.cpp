@@ -1,5 +1,5 @@
 // The one main() of every test executable (Catch2 v2 or v3, see support/catch.hpp).
-#if __has_include(<catch2/catch_all.hpp>)
+#if PROMPTCACHE_CATCH2_MAJOR >= 3
 #include <catch2/catch_session.hpp>
 
 int main(int argc, char** argv) {

@@ -300,20 +300,22 @@ TEST_CASE("SDPA and the blocked attention give the same logits", "[llama][attent
   // kAuto takes SDPA on GPUs and the blocked attention on the CPU; both must agree wherever they
   // run: a long causal prefill (several query blocks), fresh tokens under a custom mask with
   // gaps after cached slots (the Prompt Cache case), and a decode step.
-  struct Restore {
-    AttentionImpl impl = selected_attention();
-    ~Restore() { select_attention(impl); }
-  } restore;
-#if TORCH_VERSION_MAJOR < 2
-  CHECK_FALSE(select_attention(AttentionImpl::kSdpa));
-  CHECK(selected_attention() == restore.impl);
-  WARN("LibTorch 1.x has no scaled_dot_product_attention: only its refusal is checked");
-#else
   const ModelConfig c = tiny_gqa_config();
+  const auto weights = random_llama_weights(c, 13, 0.15);
   LoadOptions load;
-  if (const char* device = std::getenv("PROMPTCACHE_TEST_DEVICE"))
+  if (const char* device = std::getenv("PROMPTCACHE_TEST_DEVICE")) {
     load.device = parse_device(device);
-  const auto model = LlamaModel::from_tensors(c, random_llama_weights(c, 13, 0.15), load);
+  }
+  load.attention = AttentionImpl::kBlocked;
+  const auto blocked_model = LlamaModel::from_tensors(c, weights, load);
+  CHECK(blocked_model->attention_name() == "blocked");
+  load.attention = AttentionImpl::kSdpa;
+#if TORCH_VERSION_MAJOR < 2
+  CHECK_THROWS_WITH(LlamaModel::from_tensors(c, weights, load), Catch::Contains("LibTorch 2.x"));
+  WARN("LibTorch 1.x has no scaled_dot_product_attention: only its clear error is checked");
+#else
+  const auto sdpa_model = LlamaModel::from_tensors(c, weights, load);
+  CHECK(sdpa_model->attention_name() == "sdpa");
   std::mt19937 rng(9);
   std::vector<int64_t> head, fresh;
   for (int i = 0; i < 300; ++i) head.push_back(rng() % c.vocab_size);
@@ -328,20 +330,48 @@ TEST_CASE("SDPA and the blocked attention give the same logits", "[llama][attent
   all.all_logits = true;
   ForwardOptions masked = all;
   masked.attention_mask = mask;
-  auto run = [&](AttentionImpl impl) {
-    REQUIRE(select_attention(impl));
-    KVCache cache = model->make_cache(320);
-    auto prefill = model->forward(ids_tensor(head), torch::arange(300, torch::kInt64), cache, all);
+  auto run = [&](const LlamaModel& model) {
+    KVCache cache = model.make_cache(320);
+    auto prefill = model.forward(ids_tensor(head), torch::arange(300, torch::kInt64), cache, all);
     auto after =
-        model->forward(ids_tensor(fresh), torch::arange(400, 412, torch::kInt64), cache, masked);
-    auto step = model->forward(ids_tensor({fresh[0]}), torch::tensor({412}, torch::kInt64), cache);
+        model.forward(ids_tensor(fresh), torch::arange(400, 412, torch::kInt64), cache, masked);
+    auto step = model.forward(ids_tensor({fresh[0]}), torch::tensor({412}, torch::kInt64), cache);
     return std::vector<torch::Tensor>{prefill.cpu(), after.cpu(), step.cpu()};
   };
-  const auto blocked = run(AttentionImpl::kBlocked);
-  const auto sdpa = run(AttentionImpl::kSdpa);
+  const auto blocked = run(*blocked_model);
+  const auto sdpa = run(*sdpa_model);
   for (std::size_t i = 0; i < blocked.size(); ++i) {
     INFO("part " << i << " (prefill, masked fresh tokens, decode step)");
     CHECK((blocked[i] - sdpa[i]).abs().max().item<double>() < 1e-4);
   }
 #endif
+}
+
+TEST_CASE("PROMPTCACHE_ATTENTION chooses the attention of kAuto models, a bad value is an error",
+          "[llama][attention]") {
+  struct RestoreEnv {
+    const char* old = std::getenv("PROMPTCACHE_ATTENTION");
+    std::string saved = old ? old : "";
+    ~RestoreEnv() {
+      if (old) {
+        setenv("PROMPTCACHE_ATTENTION", saved.c_str(), 1);
+      } else {
+        unsetenv("PROMPTCACHE_ATTENTION");
+      }
+    }
+  } restore;
+  const ModelConfig c = tiny_gqa_config();
+  const auto weights = random_llama_weights(c, 3, 0.15);
+  setenv("PROMPTCACHE_ATTENTION", "flash", 1);
+  CHECK_THROWS_WITH(LlamaModel::from_tensors(c, weights),
+                    Catch::Contains("PROMPTCACHE_ATTENTION is 'flash'"));
+  setenv("PROMPTCACHE_ATTENTION", "blocked", 1);
+  CHECK(LlamaModel::from_tensors(c, weights)->attention_name() == "blocked");
+  LoadOptions explicit_choice;  // an explicit choice is not overridden by the environment
+  explicit_choice.attention = AttentionImpl::kBlocked;
+  setenv("PROMPTCACHE_ATTENTION", "flash", 1);
+  CHECK(LlamaModel::from_tensors(c, weights, explicit_choice)->attention_name() == "blocked");
+  unsetenv("PROMPTCACHE_ATTENTION");
+  // Without a choice: the blocked attention on the CPU, whatever the LibTorch version.
+  CHECK(LlamaModel::from_tensors(c, weights)->attention_name() == "blocked");
 }
