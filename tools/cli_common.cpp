@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <limits>
 
@@ -10,15 +11,17 @@
 
 namespace promptcache::cli {
 
-CLI::Validator whole_number_at_least(long long min) {
-  const std::string wanted = fmt::format("a whole number >= {}", min);
+CLI::Validator whole_number(unsigned long long min, unsigned long long max) {
   return CLI::Validator(
-      [min, wanted](std::string& text) -> std::string {
-        char* end = nullptr;
+      [min, max](std::string& text) -> std::string {
+        const bool digits =
+            !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
         errno = 0;
-        const long long v = std::strtoll(text.c_str(), &end, 10);
-        if (text.empty() || *end != '\0' || errno == ERANGE || v < min) {
-          return fmt::format("expects {}, got '{}'", wanted, text);
+        const unsigned long long v = digits ? std::strtoull(text.c_str(), nullptr, 10) : 0;
+        if (!digits || v < min)
+          return fmt::format("expects a whole number >= {}, got '{}'", min, text);
+        if (errno == ERANGE || v > max) {
+          return fmt::format("expects a whole number from {} to {}, got '{}'", min, max, text);
         }
         return "";
       },
@@ -62,7 +65,7 @@ void add_model_options(CLI::App& app, ModelOptions& o, bool model_required) {
   app.add_option("--dtype", o.dtype, "f32, f16 or bf16")->capture_default_str();
   app.add_option("--threads", o.threads, "CPU threads (0 = all cores)")
       ->capture_default_str()
-      ->check(whole_number_at_least(0));
+      ->check(whole_number(0, std::numeric_limits<int>::max()));
 }
 
 void require_model(const ModelOptions& o) {
@@ -85,13 +88,13 @@ void add_sampling_options(CLI::App& app, SamplingOptions& o) {
   auto& p = o.params;
   app.add_option("-n,--max-new-tokens", p.max_new_tokens, "tokens to generate")
       ->capture_default_str()
-      ->check(whole_number_at_least(0));
+      ->check(whole_number(0, std::numeric_limits<int>::max()));
   app.add_option("--temperature,-t", p.temperature, "0 = greedy")
       ->capture_default_str()
       ->check(number_in(0, std::numeric_limits<double>::infinity()));
   app.add_option("--top-k", p.top_k, "keep the k most likely tokens (0 = off)")
       ->capture_default_str()
-      ->check(whole_number_at_least(0));
+      ->check(whole_number(0, std::numeric_limits<int>::max()));
   app.add_option("--top-p", p.top_p, "nucleus sampling mass (1 = off)")
       ->capture_default_str()
       ->check(number_in(0, 1));
@@ -100,7 +103,7 @@ void add_sampling_options(CLI::App& app, SamplingOptions& o) {
       ->check(positive_number());
   app.add_option("--seed", p.seed, "random seed for sampling")
       ->capture_default_str()
-      ->check(whole_number_at_least(0));
+      ->check(whole_number(0, std::numeric_limits<std::uint64_t>::max()));
   app.add_option("--stop", o.stop, "stop when this text appears (repeatable)");
 }
 

@@ -46,7 +46,8 @@ Command register_demo(CLI::App& root);
 
 // Number checks whose messages say what is wanted ("--max-new-tokens: expects a whole number
 // >= 0, got 'abc'"); CLI11's own checks print the range as 0.000000 to 1.797693e+308.
-CLI::Validator whole_number_at_least(long long min);
+// whole_number: digits only, min <= value <= max (max: the option's type's limit).
+CLI::Validator whole_number(unsigned long long min, unsigned long long max);
 CLI::Validator number_in(double min, double max);
 CLI::Validator positive_number();
 

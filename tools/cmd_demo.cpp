@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <random>
 #include <sstream>
 
@@ -63,10 +64,10 @@ Command register_demo(CLI::App& root) {
       ->check(CLI::IsMember(synthetic_shapes()));
   app->add_option("-n,--max-new-tokens", o->tokens, "tokens to generate")
       ->capture_default_str()
-      ->check(whole_number_at_least(0));
+      ->check(whole_number(0, std::numeric_limits<int>::max()));
   app->add_option("--repeats", o->repeats, "runs per mode; the best TTFT is shown")
       ->capture_default_str()
-      ->check(whole_number_at_least(1));
+      ->check(whole_number(1, std::numeric_limits<int>::max()));
   return {
       app, [o]() {
         ModelOptions model = o->model;

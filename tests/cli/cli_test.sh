@@ -168,6 +168,7 @@ XML
     expect_in "config.json" "$work/e"
     # Numbers: the message names the flag, what it wants and what it got; exit 2.
     for bad in "-n abc|--max-new-tokens: expects a whole number >= 0, got 'abc'" \
+               "-n 99999999999|--max-new-tokens: expects a whole number from 0 to 2147483647" \
                "--top-p 2|--top-p: expects a number from 0 to 1, got '2'" \
                "--repetition-penalty 0|--repetition-penalty: expects a number > 0, got '0'" \
                "--threads 1.5|--threads: expects a whole number >= 0, got '1.5'"; do
