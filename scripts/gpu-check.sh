@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check: builds promptcache against PyTorch's bundled LibTorch (2.x, CUDA), runs the model,
 # engine and contract suites on the GPU, then bench_ttft in f16 and bf16, and prints a summary
-# (also written to $OUT/summary.txt with every log beside it).
+# (also written to $OUT/summary.txt, with the test logs and bench_ttft's JSON lines beside it:
+# seven files, within what the device tool brings back).
 #
 #   scripts/gpu-debs.sh                         # here, once: the Debian packages, into .gpu-debs/
 #   scripts/gpu-check.sh [--device cuda|cpu] [--repeats N] [--schema 512,1024,2048,4096]
@@ -13,6 +14,11 @@
 # --device cpu runs the same steps on the CPU: a dry run of this script on a machine without a GPU
 # (with --schema 512 --repeats 1: f16 on a CPU is slow).
 set -uo pipefail
+caller=$(pwd)
+absolute() { case "$1" in /*) echo "$1" ;; *) echo "$caller/$1" ;; esac; }
+[ -n "${OUT:-}" ] && OUT=$(absolute "$OUT")
+[ -n "${DEB_DIR:-}" ] && DEB_DIR=$(absolute "$DEB_DIR")
+[ -n "${BUILD_DIR:-}" ] && BUILD_DIR=$(absolute "$BUILD_DIR")
 cd "$(dirname "$0")/.."
 device=cuda
 repeats=3
@@ -43,9 +49,11 @@ else
     log "python3 with torch is not available (or set TORCH_CMAKE_PREFIX)"; exit 1; }
   log "torch $(python3 -c 'import torch;print(torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())')"
   # Wheels state their std::string ABI; the Debian libraries below use the C++11 one.
-  abi=$(python3 -c 'import torch;print(int(torch._C._GLIBCXX_USE_CXX11_ABI))')
-  [ "$abi" = 1 ] || log "warning: this torch uses the pre-C++11 string ABI; libfmt from Debian will not link"
-  abi_flags=(-DCMAKE_CXX_FLAGS="-D_GLIBCXX_USE_CXX11_ABI=$abi")
+  abi=$(python3 -c 'import torch;print(int(torch._C._GLIBCXX_USE_CXX11_ABI))' 2>/dev/null)
+  if [ -n "$abi" ]; then
+    [ "$abi" = 1 ] || log "warning: this torch uses the pre-C++11 string ABI; libfmt from Debian will not link"
+    abi_flags=(-DCMAKE_CXX_FLAGS="-D_GLIBCXX_USE_CXX11_ABI=$abi")
+  fi
 fi
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | while read -r l; do log "gpu: $l"; done
@@ -55,12 +63,17 @@ if command -v nvidia-smi >/dev/null; then
 fi
 log "$(c++ --version | head -1); $(cmake --version | head -1); $(nproc) cores"
 
-# --- the Debian packages, unpacked when the machine lacks them --------------------------------
+# --- the Debian packages, unpacked when given ------------------------------------------------
+# The prefix comes before the system's in every search path, so unpacking is safe even where some
+# of the packages are installed. It lives in the build folder: $OUT is copied back by the device
+# tool and should hold logs only.
+build=${BUILD_DIR:-build-gpu}
 deb_dir=${DEB_DIR:-.gpu-debs}
 extra_prefix=""
-if [ -d "$deb_dir" ] && ls "$deb_dir"/*.deb >/dev/null 2>&1 && [ ! -f /usr/include/pugixml.hpp ]; then
-  root="$out/debroot"
-  mkdir -p "$root"
+if [ -d "$deb_dir" ] && ls "$deb_dir"/*.deb >/dev/null 2>&1; then
+  root="$(pwd)/$build/debroot"
+  case "$build" in /*) root="$build/debroot" ;; esac
+  rm -rf "$root" && mkdir -p "$root"
   for d in "$deb_dir"/*.deb; do
     if command -v dpkg-deb >/dev/null; then
       dpkg-deb -x "$d" "$root"
@@ -70,9 +83,10 @@ if [ -d "$deb_dir" ] && ls "$deb_dir"/*.deb >/dev/null 2>&1 && [ ! -f /usr/inclu
         *.xz) z=-J ;; *.gz) z=-z ;; *.zst) z=--zstd ;; *.bz2) z=-j ;; *) z= ;;
       esac
       ar p "$d" "$member" | tar -x $z -C "$root" -f -
-    fi
+    fi || { log "could not unpack $d"; exit 1; }
   done
-  lib="$root/usr/lib/x86_64-linux-gnu"
+  lib=$(ls -d "$root"/usr/lib/*-linux-gnu 2>/dev/null | head -1)
+  lib=${lib:-$root/usr/lib}
   extra_prefix=";$root/usr;$lib/cmake;$root/usr/lib/cmake;$root/usr/share/cmake"
   export CPATH="$root/usr/include${CPATH:+:$CPATH}"
   export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -83,13 +97,18 @@ fi
 command -v spm_train >/dev/null || log "warning: spm_train is missing; tests that train a tokenizer will fail"
 
 # --- build ------------------------------------------------------------------------------------
-build=${BUILD_DIR:-build-gpu}
+# (${abi_flags[@]+...}: an empty array is an unbound variable under set -u before bash 4.4.)
+# The configure and build logs stay in the build folder unless they failed: the device tool
+# brings back at most 8 files from $OUT.
+mkdir -p "$build"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=$prefix_path$extra_prefix" \
-  "${abi_flags[@]}" -DPROMPTCACHE_BUILD_EXAMPLES=OFF >"$out/configure.log" 2>&1 ||
-  { log "configure FAILED (configure.log):"; tail -30 "$out/configure.log" | tee -a "$out/summary.txt"; exit 1; }
+  ${abi_flags[@]+"${abi_flags[@]}"} -DPROMPTCACHE_BUILD_EXAMPLES=OFF >"$build/configure.log" 2>&1 ||
+  { cp "$build/configure.log" "$out/"; log "configure FAILED (configure.log):"
+    tail -30 "$build/configure.log" | tee -a "$out/summary.txt"; exit 1; }
 targets=(model_tests cache_tests contract_tests bench_ttft)
-cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" >"$out/build.log" 2>&1 ||
-  { log "build FAILED (build.log):"; grep -m20 -E 'error|undefined reference' "$out/build.log" | tee -a "$out/summary.txt"; exit 1; }
+cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" >"$build/build.log" 2>&1 ||
+  { cp "$build/build.log" "$out/"; log "build FAILED (build.log):"
+    grep -m20 -E 'error|undefined reference' "$build/build.log" | tee -a "$out/summary.txt"; exit 1; }
 log "build ok after $(elapsed)"
 
 # --- tests on the device ----------------------------------------------------------------------
@@ -110,7 +129,7 @@ log "tests done after $(elapsed)"
 dtypes=(f16 bf16)
 for dtype in "${dtypes[@]}"; do
   if "$build/benchmarks/bench_ttft" --device "$device" --dtype "$dtype" --repeats "$repeats" --schema "$schema" \
-      >"$out/bench_ttft_$dtype.jsonl" 2>"$out/bench_ttft_$dtype.err"; then
+      >"$out/bench_ttft_$dtype.jsonl" 2>>"$out/bench.err"; then
     log "bench_ttft $device $dtype:"
     python3 - "$out/bench_ttft_$dtype.jsonl" <<'PY' | tee -a "$out/summary.txt"
 import json, sys
@@ -123,7 +142,7 @@ for line in open(sys.argv[1]):
 PY
   else
     failures=$((failures + 1))
-    log "bench_ttft $device $dtype FAILED: $(tail -3 "$out/bench_ttft_$dtype.err")"
+    log "bench_ttft $device $dtype FAILED: $(tail -3 "$out/bench.err")"
   fi
 done
 log "done after $(elapsed): $failures failure(s); logs in $out"

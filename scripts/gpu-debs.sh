@@ -5,6 +5,7 @@
 # files travel with the working tree (the device tool's `carry: [".gpu-debs"]`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Names as in Debian bookworm (libfmt9: the runtime library of that release's libfmt-dev).
 pkgs=(libpugixml-dev libpugixml1v5 libfmt-dev libfmt9 nlohmann-json3-dev catch2 libcli11-dev
       sentencepiece libsentencepiece0 libsentencepiece-dev)
 mkdir -p .gpu-debs
@@ -13,6 +14,6 @@ SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
 $SUDO apt-get update -qq
 # As root, apt's download sandbox user could not write here; root downloads directly.
 sandbox=(); [ "$(id -u)" -eq 0 ] && sandbox=(-o APT::Sandbox::User=root)
-(cd .gpu-debs && apt-get download -qq "${sandbox[@]}" "${pkgs[@]}")
+(cd .gpu-debs && apt-get download -qq ${sandbox[@]+"${sandbox[@]}"} "${pkgs[@]}")
 ls -l .gpu-debs
 du -sh .gpu-debs

@@ -33,8 +33,18 @@ if [ ! -x "$root/usr/bin/cmake" ] || [ ! -f "$root/usr/lib/x86_64-linux-gnu/cmak
 fi
 
 mounts=()
+# The repository, ../shared and /dev are bind-mounted into the chroot: if one stayed mounted,
+# deleting the chroot would delete them too, so a mount that will not go is said loudly.
 cleanup() {
-  for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do umount "${mounts[$i]}" 2>/dev/null || true; done
+  local i m
+  for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do
+    m=${mounts[$i]}
+    umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
+    if mountpoint -q "$m"; then
+      echo "torch2-check: WARNING: $m is still mounted; unmount it (umount -l '$m') before" \
+        "deleting $root (check with: findmnt -R '$root')" >&2
+    fi
+  done
 }
 trap cleanup EXIT
 bind() {  # bind <host path> (mounted at the same path inside the chroot)
