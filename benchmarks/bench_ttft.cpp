@@ -16,6 +16,7 @@
 //                               [--threads N] [--shape bench-small] [--device cpu|cuda]
 //                               [--dtype f32|f16|bf16] [--kernels on|off|on,off]
 #include <torch/types.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <cstring>
@@ -215,6 +216,10 @@ int main(int argc, char** argv) {
             {"compile_ms", compile_ms},
             {"same_first_token", cached.tokens == s.uncached_response.tokens},
             {"kernels", cpu_linear_name(s.kernel)},
+            {"attention", engine.model().attention_name()},
+            {"torch_version", std::to_string(TORCH_VERSION_MAJOR) + "." +
+                                  std::to_string(TORCH_VERSION_MINOR) + "." +
+                                  std::to_string(TORCH_VERSION_PATCH)},
             {"device", device},
             {"dtype", dtype},
             {"threads", applied.blas_threads},
