@@ -322,7 +322,9 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
     c10::optional<torch::Tensor> grouped_mask;
     if (mask.defined()) grouped_mask = mask.repeat({groups, 1});
     out = at::scaled_dot_product_attention(qg, keys, values, grouped_mask);
-    out = out.view({b, hq, n, d}).transpose(1, 2).reshape({b, n, hq * d});
+    // reshape, not view: the fused CUDA kernels may return [b, rows, heads, d] memory seen as
+    // [b, heads, rows, d], which cannot be viewed as [b, hq, n, d].
+    out = out.reshape({b, hq, n, d}).transpose(1, 2).reshape({b, n, hq * d});
     return linear_layer(out, layer.wo);  // the mask says it all for SDPA: causal is not needed
   }
 #endif
