@@ -93,9 +93,8 @@ int main(int argc, char** argv) {
   const auto applied = configure_threads(threads);
   std::vector<CpuLinearKernel> kernel_settings;
   {
-    std::stringstream list(flags.text("kernels", cpu_linear_name(cpu_linear_kernel()) == "off"
-                                                     ? std::string("off")
-                                                     : std::string("on")));
+    std::stringstream list(
+        flags.text("kernels", cpu_linear_kernel() == CpuLinearKernel::kNone ? "off" : "on"));
     std::string item;
     while (std::getline(list, item, ',')) kernel_settings.push_back(kernel_setting(item));
     select_cpu_linear(kernel_settings.front());  // for compiling

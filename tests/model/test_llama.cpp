@@ -13,6 +13,7 @@
 #include "promptcache/model/cpu_linear.hpp"
 #include "promptcache/model/llama.hpp"
 #include "promptcache/model/synthetic.hpp"
+#include "support/tiny_model.hpp"
 
 using namespace promptcache;
 
@@ -302,10 +303,7 @@ TEST_CASE("SDPA and the blocked attention give the same logits", "[llama][attent
   // gaps after cached slots (the Prompt Cache case), and a decode step.
   const ModelConfig c = tiny_gqa_config();
   const auto weights = random_llama_weights(c, 13, 0.15);
-  LoadOptions load;
-  if (const char* device = std::getenv("PROMPTCACHE_TEST_DEVICE")) {
-    load.device = parse_device(device);
-  }
+  LoadOptions load = test::test_load_options();
   load.attention = AttentionImpl::kBlocked;
   const auto blocked_model = LlamaModel::from_tensors(c, weights, load);
   CHECK(blocked_model->attention_name() == "blocked");
