@@ -250,16 +250,17 @@ constexpr int64_t kSplitHeadsMaxTokens = 64;
 // LibTorch's intra-op pool is kept at one thread, so splitting the heads is about twice as fast.
 // OpenBLAS runs single-threaded meanwhile (each thread makes its own calls).
 // qg [b, kv_heads, groups * n, d] (group-major rows), keys/values [b, kv_heads, slots, d],
-// mask [n, slots] or undefined; slots before `open` are seen by every row.
+// mask [n, slots], [b, n, slots] (one per batch row) or undefined; slots before `open` are seen
+// by every row.
 torch::Tensor attend_split_heads(const torch::Tensor& qg, const torch::Tensor& keys,
                                  const torch::Tensor& values, const torch::Tensor& mask,
                                  int64_t open, int threads) {
   const int64_t b = qg.size(0), hkv = qg.size(1), rows = qg.size(2), d = qg.size(3);
   const int64_t slots = keys.size(2);
   auto out = torch::empty({b, hkv, rows, d}, qg.options());
-  torch::Tensor closed;  // [n, slots - open]: where a row must not look
-  if (mask.defined() && open < slots) closed = mask.narrow(1, open, slots - open).logical_not();
-  const int64_t n = mask.defined() ? mask.size(0) : rows;
+  torch::Tensor closed;  // [(b,) n, slots - open]: where a row must not look
+  if (mask.defined() && open < slots) closed = mask.narrow(-1, open, slots - open).logical_not();
+  const int64_t n = mask.defined() ? mask.size(-2) : rows;
   const int saved_blas = blas_threads();
   if (saved_blas > 1) set_blas_threads(1);
   std::exception_ptr error;
@@ -279,7 +280,8 @@ torch::Tensor attend_split_heads(const torch::Tensor& qg, const torch::Tensor& k
         if (closed.defined()) {
           scores.view({rows / n, n, slots})
               .narrow(-1, open, slots - open)
-              .masked_fill_(closed, -std::numeric_limits<float>::infinity());
+              .masked_fill_(closed.dim() == 3 ? closed[bi] : closed,
+                            -std::numeric_limits<float>::infinity());
         }
         auto dst = out[bi][h];
         at::mm_out(dst, scores.softmax(-1).to(values.scalar_type()), values[bi][h]);
@@ -320,7 +322,12 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
     auto qg = q.reshape({b, hkv, groups * n, d});
     // An absent mask must be nullopt: an optional holding an undefined tensor is an error there.
     c10::optional<torch::Tensor> grouped_mask;
-    if (mask.defined()) grouped_mask = mask.repeat({groups, 1});
+    // Rows are group-major (g * n + i), so the mask repeats along the row axis; a per-batch-row
+    // mask [b, n, slots] becomes [b, 1, groups * n, slots], broadcast over the KV heads.
+    if (mask.defined()) {
+      grouped_mask =
+          mask.dim() == 3 ? mask.repeat({1, groups, 1}).unsqueeze(1) : mask.repeat({groups, 1});
+    }
     out = at::scaled_dot_product_attention(qg, keys, values, grouped_mask);
     // reshape, not view: the fused CUDA kernels may return [b, rows, heads, d] memory seen as
     // [b, heads, rows, d], which cannot be viewed as [b, hq, n, d].
@@ -356,10 +363,11 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
     // (Under the causal rule row i0 already sees every slot before past + i0.)
     const int64_t open = causal ? past + i0 : open_slots;
     if (mask.defined() && open < visible) {
+      auto closed = mask.narrow(-2, i0, rows).narrow(-1, open, visible - open).logical_not();
+      if (closed.dim() == 3) closed = closed.unsqueeze(1).unsqueeze(1);  // [b, 1, 1, rows, cols]
       scores.view({b, hkv, groups, rows, visible})
           .narrow(-1, open, visible - open)
-          .masked_fill_(mask.narrow(0, i0, rows).narrow(1, open, visible - open).logical_not(),
-                        -std::numeric_limits<float>::infinity());
+          .masked_fill_(closed, -std::numeric_limits<float>::infinity());
     }
     auto block =
         torch::matmul(scores.softmax(-1).to(values.scalar_type()), values.narrow(2, 0, visible));
@@ -399,16 +407,20 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
   torch::Tensor mask = options.attention_mask;
   int64_t open_slots = past;  // leading slots that every new token sees
   if (mask.defined()) {
-    if (mask.dim() != 2 || mask.size(0) != n || mask.size(1) != past + n) {
-      throw Error(ErrorKind::kInvalidArgument, "attention mask must be [" + std::to_string(n) +
-                                                   ", " + std::to_string(past + n) + "] but is " +
+    const bool shape_ok = (mask.dim() == 2 || (mask.dim() == 3 && mask.size(0) == b)) &&
+                          mask.size(-2) == n && mask.size(-1) == past + n;
+    if (!shape_ok) {
+      const std::string rows = std::to_string(n) + ", " + std::to_string(past + n) + "]";
+      throw Error(ErrorKind::kInvalidArgument, "attention mask must be [" + rows + " or [" +
+                                                   std::to_string(b) + ", " + rows + " but is " +
                                                    shape_string(mask.sizes()));
     }
     mask = mask.to(options_.device, torch::kBool);
     // The blocked attention masks only the columns after these (SDPA takes the whole mask, and
     // this would cost a device synchronisation there).
     if (!sdpa_) {
-      open_slots = mask.all(0).to(torch::kInt32).cumprod(0).sum().item<int64_t>();
+      open_slots =
+          mask.reshape({-1, past + n}).all(0).to(torch::kInt32).cumprod(0).sum().item<int64_t>();
     }
   } else if (n > 1) {
     // Every cached slot, plus the new tokens causally.

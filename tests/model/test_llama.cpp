@@ -373,3 +373,111 @@ TEST_CASE("PROMPTCACHE_ATTENTION chooses the attention of kAuto models, a bad va
   // Without a choice: the blocked attention on the CPU, whatever the LibTorch version.
   CHECK(LlamaModel::from_tensors(c, weights)->attention_name() == "blocked");
 }
+
+TEST_CASE("a batch with one mask per row equals each row run alone", "[llama][batch]") {
+  // Two sequences of different lengths share one batch: row 1 is left-padded (a padding token
+  // sees only itself), each row attends only to its own slots, and its positions are its own.
+  // Prefill (several query blocks), fresh tokens with gaps (few rows), and a decode step.
+  const ModelConfig c = tiny_gqa_config();
+  const auto weights = random_llama_weights(c, 21, 0.15);
+  std::vector<AttentionImpl> impls = {AttentionImpl::kBlocked};
+#if TORCH_VERSION_MAJOR >= 2
+  impls.push_back(AttentionImpl::kSdpa);
+#endif
+  std::mt19937 rng(5);
+  auto tokens = [&](int n) {
+    std::vector<int64_t> t;
+    for (int i = 0; i < n; ++i) t.push_back(rng() % c.vocab_size);
+    return t;
+  };
+  const int64_t len = 300, pad = 120, fresh = 6;
+  const auto a = tokens(len), b = tokens(len - pad), fa = tokens(fresh), fb = tokens(fresh);
+  for (AttentionImpl impl : impls) {
+    LoadOptions load = test::test_load_options();
+    load.attention = impl;
+    const auto model = LlamaModel::from_tensors(c, weights, load);
+    INFO("attention " << model->attention_name());
+    ForwardOptions all;
+    all.all_logits = true;
+
+    // Alone. Row 0: positions 0.., fresh tokens at 500.. see every other slot. Row 1: positions
+    // 100.., fresh tokens at 700.. see every slot.
+    KVCache alone0 = model->make_cache(len + fresh + 1);
+    auto p0 = model->forward(ids_tensor(a), torch::arange(len, torch::kInt64), alone0, all)[0];
+    auto gaps = torch::zeros({fresh, len + fresh}, torch::kBool);
+    for (int64_t i = 0; i < fresh; ++i) {
+      for (int64_t j = 0; j < len; j += 2) gaps[i][j] = true;
+      for (int64_t j = len; j <= len + i; ++j) gaps[i][j] = true;
+    }
+    ForwardOptions gapped;
+    gapped.attention_mask = gaps;
+    auto f0 = model->forward(ids_tensor(fa), torch::arange(500, 500 + fresh, torch::kInt64), alone0,
+                             gapped)[0][0];
+    // (The decode steps see every slot.)
+    auto d0 = model->forward(ids_tensor({fa[0]}), torch::tensor({600}, torch::kInt64), alone0);
+    KVCache alone1 = model->make_cache(len + fresh + 1);
+    auto p1 = model->forward(ids_tensor(b), torch::arange(100, 100 + len - pad, torch::kInt64),
+                             alone1, all)[0];
+    auto f1 = model->forward(ids_tensor(fb), torch::arange(700, 700 + fresh, torch::kInt64),
+                             alone1)[0][0];
+    auto d1 = model->forward(ids_tensor({fb[1]}), torch::tensor({800}, torch::kInt64), alone1);
+
+    // Together.
+    KVCache both = model->make_cache(len + fresh + 1, 2);
+    std::vector<int64_t> b_padded(pad, 0), b_pos(pad, 0);
+    b_padded.insert(b_padded.end(), b.begin(), b.end());
+    for (int64_t i = 0; i < len - pad; ++i) b_pos.push_back(100 + i);
+    auto causal = torch::ones({len, len}, torch::kBool).tril();
+    auto mask = torch::stack({causal, causal.clone()});
+    mask[1].narrow(0, 0, pad).fill_(false);
+    mask[1].narrow(1, 0, pad).fill_(false);
+    for (int64_t i = 0; i < pad; ++i) mask[1][i][i] = true;
+    ForwardOptions prefill = all;
+    prefill.attention_mask = mask;
+    auto pb = model->forward(
+        torch::stack({torch::tensor(a), torch::tensor(b_padded)}),
+        torch::stack({torch::arange(len, torch::kInt64), torch::tensor(b_pos)}), both, prefill);
+    auto fresh_mask = torch::zeros({2, fresh, len + fresh}, torch::kBool);
+    fresh_mask[0].copy_(gaps);
+    for (int64_t i = 0; i < fresh; ++i) {
+      fresh_mask[1][i].narrow(0, pad, len - pad).fill_(true);
+      for (int64_t j = len; j <= len + i; ++j) fresh_mask[1][i][j] = true;
+    }
+    ForwardOptions fresh_options;
+    fresh_options.attention_mask = fresh_mask;
+    auto fb_logits = model->forward(torch::stack({torch::tensor(fa), torch::tensor(fb)}),
+                                    torch::stack({torch::arange(500, 500 + fresh, torch::kInt64),
+                                                  torch::arange(700, 700 + fresh, torch::kInt64)}),
+                                    both, fresh_options);
+    auto step_mask = torch::ones({2, 1, len + fresh + 1}, torch::kBool);
+    step_mask[1][0].narrow(0, 0, pad).fill_(false);
+    ForwardOptions step_options;
+    step_options.attention_mask = step_mask;
+    auto db =
+        model->forward(torch::tensor({fa[0], fb[1]}).unsqueeze(1),
+                       torch::tensor({600, 800}, torch::kInt64).unsqueeze(1), both, step_options);
+
+    auto diff = [](const torch::Tensor& x, const torch::Tensor& y) {
+      return (x.cpu().reshape({-1}) - y.cpu().reshape({-1})).abs().max().item<double>();
+    };
+    CHECK(diff(pb[0], p0) < 1e-4);
+    CHECK(diff(pb[1].narrow(0, pad, len - pad), p1) < 1e-4);
+    CHECK(diff(fb_logits[0][0], f0) < 1e-4);
+    CHECK(diff(fb_logits[1][0], f1) < 1e-4);
+    CHECK(diff(db[0], d0) < 1e-4);
+    CHECK(diff(db[1], d1) < 1e-4);
+    // The comparison is sharp: without row 1's own mask (it would see row 0's layout) it fails.
+    CHECK(diff(pb[1].narrow(0, pad, len - pad), p0.narrow(0, pad, len - pad)) > 1e-2);
+  }
+}
+
+TEST_CASE("a per-row mask must match the batch", "[llama][batch]") {
+  const ModelConfig c = tiny_gqa_config();
+  const auto model = LlamaModel::from_tensors(c, random_llama_weights(c, 2, 0.15));
+  KVCache cache = model->make_cache(8, 2);
+  ForwardOptions options;
+  options.attention_mask = torch::ones({3, 4, 4}, torch::kBool);
+  CHECK_THROWS_WITH(model->forward(torch::zeros({2, 4}, torch::kInt64),
+                                   torch::arange(4, torch::kInt64).repeat({2, 1}), cache, options),
+                    Catch::Contains("attention mask must be [4, 4] or [2, 4, 4] but is [3, 4, 4]"));
+}

@@ -39,7 +39,10 @@ std::string dtype_name(torch::Dtype dtype);
 struct ForwardOptions {
   // Logits for every new token ([batch, n, vocab]) instead of only the last ([batch, 1, vocab]).
   bool all_logits = false;
-  // Which slots each new token may attend to: bool [n, cache_length + n], true = visible.
+  // Which slots each new token may attend to: bool [n, cache_length + n], true = visible, or
+  // [batch, n, cache_length + n] for a mask per batch row (sequences of different lengths
+  // padded into one batch). Every row must see at least one slot (itself, for padding), and
+  // every slot it could see must hold finite values: 0 x NaN would reach the masked rows too.
   // Undefined = every cached slot plus the new tokens causally (ordinary incremental decoding).
   torch::Tensor attention_mask;
 };
@@ -66,8 +69,9 @@ class LlamaModel {
   // A cache shaped for this model, on its device and dtype.
   KVCache make_cache(int64_t capacity, int64_t batch = 1) const;
 
-  // token_ids and positions: int64 [batch, n] (or [n] for batch 1). Appends n slots to `cache`
-  // and returns float32 logits on the model's device.
+  // token_ids and positions: int64 [batch, n] (or [n] for batch 1); each batch row has its own
+  // position ids, and the cache records those of row 0 (KVCache::positions). Appends n slots to
+  // `cache` and returns float32 logits on the model's device.
   torch::Tensor forward(const torch::Tensor& token_ids, const torch::Tensor& positions,
                         KVCache& cache, const ForwardOptions& options = {}) const;
 
