@@ -40,6 +40,41 @@ struct GenerationResult {
   GenerationTimings timings;
 };
 
+// The per-sequence half of decoding: sampling, stop rules, the detokenised text and streaming.
+// The caller runs the model: one sequence (continue_generation) or a batch of them
+// (Engine::generate_batch) share this.
+class TokenStream {
+ public:
+  // `history` (the prompt's ids) seeds the repetition penalty and tells whether the stream
+  // follows a prompt (which decides the streamed leading space).
+  TokenStream(const LlamaModel& model, const Tokenizer& tokenizer, const SamplingParams& params,
+              std::vector<TokenId> history, TokenCallback on_token);
+  // Picks a token from `n` float logits (-1 once the sequence has ended).
+  TokenId sample(const float* logits, std::size_t n);
+  // Takes the sampled token: stop rules, text, callback. Returns the token to feed to the model
+  // next, or -1 when the sequence has ended (result().stop_reason says why).
+  TokenId accept(TokenId id);
+  // Ends the sequence from outside (the KV cache or the context is full).
+  void stop(StopReason reason);
+  bool done() const { return done_; }
+  const GenerationResult& result() const { return result_; }
+  GenerationResult take_result() { return std::move(result_); }
+
+ private:
+  const Tokenizer& tokenizer_;
+  SamplingParams params_;
+  TokenCallback on_token_;
+  Sampler sampler_;
+  std::vector<TokenId> stops_;  // the model's EOS ids (when stop_at_eos), then stop_token_ids
+  std::size_t stops_eos_ = 0;   // how many of stops_ are EOS ids
+  std::vector<TokenId> history_;
+  std::string emitted_;  // text already passed to the callback
+  std::string stream_lead_;
+  int samples_ = 0;
+  bool done_ = false;
+  GenerationResult result_;
+};
+
 // Continues from logits the caller already has (after prefilling `cache` by any means, such as
 // the Prompt Cache assembler): samples, feeds each token at next_position, next_position + 1, ...
 // `history` seeds the repetition penalty. `start` is when the request began (for TTFT).

@@ -56,80 +56,108 @@ std::size_t complete_utf8_prefix(const std::string& s) {
 
 }  // namespace
 
+TokenStream::TokenStream(const LlamaModel& model, const Tokenizer& tokenizer,
+                         const SamplingParams& params, std::vector<TokenId> history,
+                         TokenCallback on_token)
+    : tokenizer_(tokenizer),
+      params_(params),
+      on_token_(std::move(on_token)),
+      sampler_(params),
+      history_(std::move(history)) {
+  params_.validate();
+  if (params_.stop_at_eos) {
+    for (int64_t id : model.config().eos_token_ids) stops_.push_back(static_cast<TokenId>(id));
+  }
+  stops_eos_ = stops_.size();
+  stops_.insert(stops_.end(), params_.stop_token_ids.begin(), params_.stop_token_ids.end());
+  done_ = params_.max_new_tokens <= 0;
+}
+
+void TokenStream::stop(StopReason reason) {
+  if (done_) return;
+  result_.stop_reason = reason;
+  done_ = true;
+}
+
+TokenId TokenStream::sample(const float* logits, std::size_t n) {
+  if (done_) return -1;
+  ++samples_;
+  return sampler_.sample(logits, n, history_);
+}
+
+TokenId TokenStream::accept(TokenId id) {
+  if (done_) return -1;
+  const auto stop_at = std::find(stops_.begin(), stops_.end(), id);
+  if (stop_at != stops_.end()) {
+    stop(stop_at - stops_.begin() < static_cast<std::ptrdiff_t>(stops_eos_)
+             ? StopReason::kEos
+             : StopReason::kStopToken);
+    return -1;
+  }
+  result_.tokens.push_back(id);
+  history_.push_back(id);
+  // Decode the whole continuation each time: SentencePiece spacing and multi-byte characters
+  // depend on neighbours, so per-piece decoding would garble text.
+  std::string text = tokenizer_.decode(result_.tokens);
+  bool stop_string = false;
+  for (const auto& s : params_.stop_strings) {
+    const auto at = s.empty() ? std::string::npos : text.find(s);
+    if (at != std::string::npos) {
+      text.resize(at);
+      stop_string = true;
+    }
+  }
+  result_.text = text;
+  if (on_token_) {
+    // Decoding drops the dummy-prefix space of the first piece; after a prompt it is a real
+    // space, so the stream keeps it (the returned text, like HF's decode, does not).
+    if (result_.tokens.size() == 1 && history_.size() > 1 && !text.empty() &&
+        tokenizer_.decode_piece(id).rfind(' ', 0) == 0) {
+      stream_lead_ = " ";
+    }
+    text = stream_lead_ + text;
+    const std::size_t ready = stop_string ? text.size() : complete_utf8_prefix(text);
+    std::string piece;
+    if (ready > emitted_.size() && text.compare(0, emitted_.size(), emitted_) == 0) {
+      piece = text.substr(emitted_.size(), ready - emitted_.size());
+      emitted_ = text.substr(0, ready);
+    }
+    if (!on_token_(id, piece)) {
+      stop(StopReason::kCallback);
+      return -1;
+    }
+  }
+  if (stop_string) {
+    stop(StopReason::kStopString);
+    return -1;
+  }
+  if (samples_ == params_.max_new_tokens) {
+    stop(StopReason::kMaxTokens);
+    return -1;
+  }
+  return id;
+}
+
 GenerationResult continue_generation(const LlamaModel& model, const Tokenizer& tokenizer,
                                      KVCache& cache, const torch::Tensor& last_logits,
                                      int64_t next_position, std::vector<TokenId> history,
                                      const SamplingParams& params, const TokenCallback& on_token,
                                      double start_ms, GenerationTimings timings) {
-  params.validate();
-  GenerationResult result;
-  Sampler sampler(params);
-  std::vector<TokenId> stops = params.stop_token_ids;
-  std::vector<TokenId> eos;
-  if (params.stop_at_eos) {
-    for (int64_t id : model.config().eos_token_ids) eos.push_back(static_cast<TokenId>(id));
-  }
+  TokenStream stream(model, tokenizer, params, std::move(history), on_token);
   torch::Tensor logits = last_logits;
-  std::string emitted;  // text already passed to the callback
-  std::string stream_lead;
   double decode_start = 0;
   const auto device = model.device();
-  for (int step = 0; step < params.max_new_tokens; ++step) {
+  while (!stream.done()) {
     auto row = logits.reshape({-1}).to(torch::kCPU, torch::kFloat32).contiguous();
-    const TokenId id = sampler.sample(row.data_ptr<float>(), row.numel(), history);
-    if (step == 0) {
+    TokenId id = stream.sample(row.data_ptr<float>(), static_cast<std::size_t>(row.numel()));
+    if (decode_start == 0) {
       timings.ttft_ms = now_ms() - start_ms;
       decode_start = now_ms();
     }
-    if (std::find(eos.begin(), eos.end(), id) != eos.end()) {
-      result.stop_reason = StopReason::kEos;
-      break;
-    }
-    if (std::find(stops.begin(), stops.end(), id) != stops.end()) {
-      result.stop_reason = StopReason::kStopToken;
-      break;
-    }
-    result.tokens.push_back(id);
-    history.push_back(id);
-    // Decode the whole continuation each time: SentencePiece spacing and multi-byte characters
-    // depend on neighbours, so per-piece decoding would garble text.
-    std::string text = tokenizer.decode(result.tokens);
-    bool stop_string = false;
-    for (const auto& s : params.stop_strings) {
-      const auto at = s.empty() ? std::string::npos : text.find(s);
-      if (at != std::string::npos) {
-        text.resize(at);
-        stop_string = true;
-      }
-    }
-    result.text = text;
-    if (on_token) {
-      // Decoding drops the dummy-prefix space of the first piece; after a prompt it is a real
-      // space, so the stream keeps it (the returned text, like HF's decode, does not).
-      if (result.tokens.size() == 1 && history.size() > 1 && !text.empty() &&
-          tokenizer.decode_piece(id).rfind(' ', 0) == 0) {
-        stream_lead = " ";
-      }
-      text = stream_lead + text;
-      const std::size_t ready = stop_string ? text.size() : complete_utf8_prefix(text);
-      std::string piece;
-      if (ready > emitted.size() && text.compare(0, emitted.size(), emitted) == 0) {
-        piece = text.substr(emitted.size(), ready - emitted.size());
-        emitted = text.substr(0, ready);
-      }
-      if (!on_token(id, piece)) {
-        result.stop_reason = StopReason::kCallback;
-        break;
-      }
-    }
-    if (stop_string) {
-      result.stop_reason = StopReason::kStopString;
-      break;
-    }
-    if (step + 1 == params.max_new_tokens) break;
+    if ((id = stream.accept(id)) < 0) break;
     if (cache.length() >= cache.capacity() ||
         next_position >= model.config().max_position_embeddings) {
-      result.stop_reason = StopReason::kContextFull;
+      stream.stop(StopReason::kContextFull);
       break;
     }
     auto ids = torch::full({1, 1}, static_cast<int64_t>(id),
@@ -141,6 +169,7 @@ GenerationResult continue_generation(const LlamaModel& model, const Tokenizer& t
   }
   synchronize(logits);
   if (decode_start > 0) timings.decode_ms = now_ms() - decode_start;
+  GenerationResult result = stream.take_result();
   result.timings = timings;
   return result;
 }
