@@ -62,6 +62,11 @@ struct Response {
   int64_t kv_bytes = 0;       // bytes copied into the KV cache
 };
 
+// Called for every generated token of prompt `index` of a batch, as TokenCallback is for one
+// prompt; returning false stops that prompt only.
+using BatchTokenCallback =
+    std::function<bool(std::size_t index, TokenId id, const std::string& text)>;
+
 class Engine {
  public:
   Engine(std::unique_ptr<LlamaModel> model, std::unique_ptr<Tokenizer> tokenizer,
@@ -98,6 +103,18 @@ class Engine {
                         const TokenCallback& on_token = {}, const RequestOptions& request = {},
                         const std::string& origin = "<string>");
 
+  // Several prompts at once, each selecting its own modules (of one schema or several): they are
+  // assembled into the rows of one batch KV cache, their fresh tokens run as one batched forward
+  // and every unfinished prompt decodes in the same steps. Response i is what
+  // generate(prompts[i], params) gives — the same tokens under greedy decoding or the same seed,
+  // logits equal within float rounding — except that assembly_ms and fresh_prefill_ms are the
+  // whole batch's. With use_cache = false each prompt runs its baseline sequence, batched the
+  // same way. reuse_buffer does not apply: a batch copies every span it selects.
+  std::vector<Response> generate_batch(const std::vector<pml::Prompt>& prompts,
+                                       const SamplingParams& params = {},
+                                       const BatchTokenCallback& on_token = {},
+                                       const RequestOptions& request = {});
+
   // The prompt's KV cache and last-position logits without decoding (tests, benchmarks).
   struct Prefill {
     torch::Tensor logits;  // [vocab] float32, after the last prompt token
@@ -107,6 +124,18 @@ class Engine {
   // `reuse`: keep spans `cache` already holds from an earlier prefill (Assembler::assemble).
   Prefill prefill(const pml::ResolvedPrompt& resolved, KVCache& cache, bool use_cache,
                   int64_t extra_capacity = 0, bool reuse = true) const;
+
+  // A batch's KV cache (batch = prompts) and each prompt's last-position logits.
+  struct BatchPrefill {
+    torch::Tensor logits;  // [prompts, vocab] float32
+    AssembledBatch assembled;
+    // [rows, cache capacity] bool on the CPU: the slots each row may attend to (its own stored
+    // states, its fresh tokens, and every slot decoding appends after them).
+    torch::Tensor visible;
+    double prefill_ms = 0;
+  };
+  BatchPrefill prefill_batch(const std::vector<pml::ResolvedPrompt>& resolved, KVCache& cache,
+                             bool use_cache, int64_t extra_capacity = 0) const;
 
   const LlamaModel& model() const { return *model_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
@@ -126,7 +155,8 @@ class Engine {
   pml::ChatTemplate template_;
   CacheStore store_;
   std::map<std::string, SchemaEntry> schemas_;
-  KVCache buffer_;  // reused across requests
+  KVCache buffer_;        // reused across requests
+  KVCache batch_buffer_;  // generate_batch's, kept while the batch size stays the same
 };
 
 }  // namespace promptcache

@@ -39,20 +39,22 @@ void copy_block(const torch::Tensor& dst, const torch::Tensor& src) {
   }
 }
 
-}  // namespace
-
-AssembledPrompt Assembler::assemble(const pml::ResolvedPrompt& prompt, const pml::Layout& layout,
-                                    const CacheStore& store, KVCache& cache, int64_t extra_capacity,
-                                    bool reuse) const {
-  const double start = now_ms();
-  AssembledPrompt out;
+// What one prompt needs: the stored blocks to copy (in slot order) and the fresh tokens.
+struct Plan {
   struct Copy {
     const SpanStates* states;
     int64_t slot;
     SlotSource tag() const { return {states->id, slot, states->length()}; }
   };
   std::vector<Copy> copies;
-  std::vector<int64_t> cached_positions;
+  std::vector<int64_t> cached_positions;  // one per copied slot
+  int64_t copied = 0;                     // slots the copies fill
+  AssembledPrompt out;                    // fresh tokens and positions, cached_tokens, max_position
+};
+
+Plan plan(const pml::ResolvedPrompt& prompt, const pml::Layout& layout, const CacheStore& store) {
+  Plan p;
+  AssembledPrompt& out = p.out;
   TokenId last_cached_token = -1;
   auto add_fresh = [&](const std::vector<TokenId>& tokens, std::size_t begin) {
     for (std::size_t i = 0; i < tokens.size(); ++i) {
@@ -81,15 +83,40 @@ AssembledPrompt Assembler::assemble(const pml::ResolvedPrompt& prompt, const pml
                       "' (compile the schema before assembling prompts)",
                   span.where);
     }
-    copies.push_back({states, out.cached_tokens});
-    out.cached_tokens += states->length();
+    p.copies.push_back({states, p.copied});
+    p.copied += states->length();
     for (std::size_t t = 0; t < span.size(); ++t) {
-      cached_positions.push_back(static_cast<int64_t>(span.begin + t));
+      p.cached_positions.push_back(static_cast<int64_t>(span.begin + t));
     }
     last_cached_token = span.tokens.back();
   }
   add_fresh(prompt.text_tokens, prompt.text_begin);
+  out.cached_tokens = p.copied;
+  if (out.fresh_tokens.empty() && p.copied > 0) {
+    // Nothing fresh: the last cached token is run again so the model has logits to start from
+    // (its recomputed states equal the stored ones when it sits at the end of its context).
+    // Its slot is copied but not counted as cached: the run writes it again.
+    out.fresh_tokens.push_back(last_cached_token);
+    out.fresh_positions.push_back(p.cached_positions.back());
+    out.cached_tokens -= 1;
+  }
+  if (out.fresh_tokens.empty()) {
+    throw Error(ErrorKind::kPrompt, "the prompt selects no tokens at all", layout.root().where);
+  }
+  for (int64_t pos : p.cached_positions) out.max_position = std::max(out.max_position, pos);
+  for (int64_t pos : out.fresh_positions) out.max_position = std::max(out.max_position, pos);
+  return p;
+}
 
+}  // namespace
+
+AssembledPrompt Assembler::assemble(const pml::ResolvedPrompt& prompt, const pml::Layout& layout,
+                                    const CacheStore& store, KVCache& cache, int64_t extra_capacity,
+                                    bool reuse) const {
+  const double start = now_ms();
+  Plan p = plan(prompt, layout, store);
+  AssembledPrompt out = std::move(p.out);
+  const auto& copies = p.copies;
   const int64_t needed = out.cached_tokens + static_cast<int64_t>(out.fresh_tokens.size());
   // The leading spans the cache already holds from an earlier request (same blocks, same slots)
   // stay; everything after them is dropped and copied anew.
@@ -103,30 +130,62 @@ AssembledPrompt Assembler::assemble(const pml::ResolvedPrompt& prompt, const pml
   cache.truncate(kept_slots);
   cache.reserve(needed + std::max<int64_t>(extra_capacity, 0));
   for (std::size_t i = kept; i < copies.size(); ++i) {
-    const Copy& c = copies[i];
+    const auto& c = copies[i];
     copy_block(cache.all_slots(c.slot, c.states->length()), c.states->kv);
     out.kv_bytes += c.states->bytes();
   }
   cache.fill_external(
-      out.cached_tokens - kept_slots,
-      std::vector<int64_t>(cached_positions.begin() + kept_slots, cached_positions.end()));
+      p.copied - kept_slots,
+      std::vector<int64_t>(p.cached_positions.begin() + kept_slots, p.cached_positions.end()));
   for (std::size_t i = kept; i < copies.size(); ++i) cache.tag_source(copies[i].tag());
-  out.reused_tokens = kept_slots;
-  if (out.fresh_tokens.empty() && out.cached_tokens > 0) {
-    // Nothing fresh: the last cached token is run again so the model has logits to start from
-    // (its recomputed states equal the stored ones when it sits at the end of its context).
-    cache.truncate(out.cached_tokens - 1);
-    out.fresh_tokens.push_back(last_cached_token);
-    out.fresh_positions.push_back(cached_positions.back());
-    out.cached_tokens -= 1;
-    out.reused_tokens = std::min(out.reused_tokens, out.cached_tokens);
-  }
-  if (out.fresh_tokens.empty()) {
-    throw Error(ErrorKind::kPrompt, "the prompt selects no tokens at all", layout.root().where);
-  }
+  // A re-run last token (see plan) leaves its slot to the forward.
+  if (out.cached_tokens < p.copied) cache.truncate(out.cached_tokens);
+  out.reused_tokens = std::min(kept_slots, out.cached_tokens);
   if (kept < copies.size()) synchronize(cache.all_slots(0, 1));
   out.ms = now_ms() - start;
   return out;
+}
+
+AssembledBatch Assembler::assemble_batch(const std::vector<BatchPrompt>& prompts,
+                                         const CacheStore& store, KVCache& cache,
+                                         int64_t extra_capacity) const {
+  const double start = now_ms();
+  const auto rows = static_cast<int64_t>(prompts.size());
+  if (rows == 0 || cache.shape().batch != rows) {
+    throw Error(ErrorKind::kInvalidArgument, "assemble_batch: " + std::to_string(rows) +
+                                                 " prompts for a KV cache of batch " +
+                                                 std::to_string(cache.shape().batch));
+  }
+  std::vector<Plan> plans;
+  AssembledBatch batch;
+  for (const auto& prompt : prompts) {
+    plans.push_back(plan(*prompt.resolved, *prompt.layout, store));
+    batch.cached_slots = std::max(batch.cached_slots, plans.back().copied);
+    batch.fresh_slots =
+        std::max(batch.fresh_slots, static_cast<int64_t>(plans.back().out.fresh_tokens.size()));
+  }
+  cache.clear();
+  cache.reserve(batch.cached_slots + batch.fresh_slots + std::max<int64_t>(extra_capacity, 0));
+  for (int64_t row = 0; row < rows; ++row) {
+    Plan& p = plans[row];
+    for (const auto& c : p.copies) {
+      copy_block(cache.all_slots(c.slot, c.states->length()).narrow(2, row, 1), c.states->kv);
+      p.out.kv_bytes += c.states->bytes();
+    }
+    // The slots a shorter row leaves empty are zeroed, not left as they were: a masked slot
+    // still enters the attention product with weight 0, and 0 x NaN would be NaN.
+    if (p.copied < batch.cached_slots) {
+      cache.all_slots(p.copied, batch.cached_slots - p.copied).narrow(2, row, 1).zero_();
+    }
+    batch.rows.push_back(std::move(p.out));
+  }
+  // The cache keeps one row of position ids (row 0's; -1 for its empty slots).
+  std::vector<int64_t> positions = plans[0].cached_positions;
+  positions.resize(batch.cached_slots, -1);
+  cache.fill_external(batch.cached_slots, positions);
+  synchronize(cache.all_slots(0, 1));
+  batch.ms = now_ms() - start;
+  return batch;
 }
 
 }  // namespace promptcache

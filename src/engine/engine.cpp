@@ -179,6 +179,165 @@ Response Engine::generate(const pml::Prompt& prompt, const SamplingParams& param
   return r;
 }
 
+Engine::BatchPrefill Engine::prefill_batch(const std::vector<pml::ResolvedPrompt>& resolved,
+                                           KVCache& cache, bool use_cache,
+                                           int64_t extra_capacity) const {
+  BatchPrefill out;
+  const auto rows = static_cast<int64_t>(resolved.size());
+  if (rows == 0 || cache.shape().batch != rows) {
+    throw Error(ErrorKind::kInvalidArgument, "prefill_batch: " + std::to_string(rows) +
+                                                 " prompts for a KV cache of batch " +
+                                                 std::to_string(cache.shape().batch));
+  }
+  AssembledBatch& batch = out.assembled;
+  if (use_cache) {
+    std::vector<BatchPrompt> prompts;
+    for (const auto& r : resolved) prompts.push_back({&r, &layout(r.schema)});
+    batch = Assembler().assemble_batch(prompts, store_, cache, extra_capacity);
+  } else {
+    // Each prompt's baseline: its tokens as one ordinary prefill at positions 0..n-1.
+    for (const auto& r : resolved) {
+      if (r.baseline.empty()) throw Error(ErrorKind::kPrompt, "the prompt has no tokens");
+      AssembledPrompt a;
+      a.fresh_tokens = r.baseline;
+      for (std::size_t i = 0; i < r.baseline.size(); ++i) {
+        a.fresh_positions.push_back(static_cast<int64_t>(i));
+      }
+      a.max_position = static_cast<int64_t>(r.baseline.size()) - 1;
+      batch.fresh_slots = std::max(batch.fresh_slots, static_cast<int64_t>(r.baseline.size()));
+      batch.rows.push_back(std::move(a));
+    }
+    cache.clear();
+    cache.reserve(batch.fresh_slots + std::max<int64_t>(extra_capacity, 0));
+  }
+  const int64_t limit = model_->config().max_position_embeddings;
+  for (int64_t i = 0; i < rows; ++i) {
+    if (batch.rows[i].max_position >= limit) {
+      throw Error(ErrorKind::kContextOverflow,
+                  "prompt " + std::to_string(i + 1) + " of the batch needs positions up to " +
+                      std::to_string(batch.rows[i].max_position) + " but the model's context is " +
+                      std::to_string(limit));
+    }
+  }
+  // Row i's fresh tokens end at the same slot as every other row's (padding goes first), so the
+  // last column of the batch holds every row's last token. A padding token sees only itself.
+  const int64_t c = batch.cached_slots, f = batch.fresh_slots;
+  out.visible = torch::zeros({rows, cache.capacity()}, torch::kBool);
+  auto ids = torch::zeros({rows, f}, torch::kInt64);
+  auto positions = torch::zeros({rows, f}, torch::kInt64);
+  auto cols = torch::arange(c + f, torch::kInt64);
+  auto causal =
+      cols.unsqueeze(0) <= (torch::arange(f, torch::kInt64) + c).unsqueeze(1);  // [f, c+f]
+  auto mask = causal.unsqueeze(0).repeat({rows, 1, 1});
+  auto diagonal = mask.accessor<bool, 3>();
+  for (int64_t i = 0; i < rows; ++i) {
+    const AssembledPrompt& a = batch.rows[i];
+    const auto n = static_cast<int64_t>(a.fresh_tokens.size());
+    const int64_t pad = f - n;
+    out.visible[i].narrow(0, 0, a.cached_tokens).fill_(true);
+    out.visible[i].narrow(0, c + pad, cache.capacity() - c - pad).fill_(true);
+    ids[i].narrow(0, pad, n).copy_(
+        torch::tensor(std::vector<int64_t>(a.fresh_tokens.begin(), a.fresh_tokens.end())));
+    positions[i].narrow(0, pad, n).copy_(torch::tensor(a.fresh_positions));
+    mask[i].logical_and_(out.visible[i].narrow(0, 0, c + f).unsqueeze(0));
+    mask[i].narrow(0, 0, pad).fill_(false);
+    for (int64_t j = 0; j < pad; ++j) diagonal[i][j][c + j] = true;
+  }
+  const double start = now_ms();
+  ForwardOptions options;
+  options.attention_mask = mask;
+  out.logits = model_->forward(ids, positions, cache, options).reshape({rows, -1});
+  synchronize(out.logits);
+  out.prefill_ms = now_ms() - start;
+  return out;
+}
+
+std::vector<Response> Engine::generate_batch(const std::vector<pml::Prompt>& prompts,
+                                             const SamplingParams& params,
+                                             const BatchTokenCallback& on_token,
+                                             const RequestOptions& request) {
+  const double start = now_ms();
+  if (prompts.empty()) return {};
+  params.validate();
+  const auto rows = static_cast<int64_t>(prompts.size());
+  std::vector<pml::ResolvedPrompt> resolved;
+  for (const auto& p : prompts) resolved.push_back(resolve(p));
+  if (batch_buffer_.layers() == 0 || batch_buffer_.shape().batch != rows) {
+    batch_buffer_ = KVCache();  // the old buffer goes before the new one is made
+    batch_buffer_ = model_->make_cache(0, rows);
+  }
+  KVCache& cache = batch_buffer_;
+  BatchPrefill pre = prefill_batch(resolved, cache, request.use_cache, params.max_new_tokens);
+
+  std::vector<TokenStream> streams;
+  std::vector<int64_t> next_position(rows);
+  std::vector<Response> responses(rows);
+  std::vector<double> first_token_ms(rows, 0), last_token_ms(rows, 0);
+  streams.reserve(rows);
+  for (int64_t i = 0; i < rows; ++i) {
+    TokenCallback row_callback;
+    if (on_token) {
+      row_callback = [&on_token, i](TokenId id, const std::string& text) {
+        return on_token(static_cast<std::size_t>(i), id, text);
+      };
+    }
+    streams.emplace_back(*model_, *tokenizer_, params, resolved[i].baseline, row_callback);
+    next_position[i] = pre.assembled.rows[i].max_position + 1;
+  }
+  const int64_t limit = model_->config().max_position_embeddings;
+  const auto int64 = torch::TensorOptions().dtype(torch::kInt64);
+  torch::Tensor logits = pre.logits;
+  auto ids = torch::zeros({rows, 1}, int64);
+  auto positions = torch::zeros({rows, 1}, int64);
+  int64_t* next_ids = ids.data_ptr<int64_t>();
+  int64_t* next_positions = positions.data_ptr<int64_t>();
+  for (int step = 0;; ++step) {
+    auto host = logits.to(torch::kCPU, torch::kFloat32).contiguous();
+    bool running = false;
+    for (int64_t i = 0; i < rows; ++i) {
+      TokenStream& stream = streams[i];
+      if (stream.done()) continue;
+      const auto vocab = static_cast<std::size_t>(host.size(1));
+      TokenId id = stream.sample(host[i].data_ptr<float>(), vocab);
+      const double now = now_ms();
+      if (step == 0) first_token_ms[i] = now;
+      last_token_ms[i] = now;
+      if ((id = stream.accept(id)) < 0) continue;
+      if (next_position[i] >= limit || cache.length() >= cache.capacity()) {
+        stream.stop(StopReason::kContextFull);
+        continue;
+      }
+      next_ids[i] = static_cast<int64_t>(id);
+      next_positions[i] = next_position[i]++;
+      running = true;
+    }
+    if (!running) break;
+    // Finished rows run along (their last token again, harmlessly) until every row is done.
+    ForwardOptions options;
+    options.attention_mask = pre.visible.narrow(1, 0, cache.length() + 1).unsqueeze(1);
+    logits = model_->forward(ids, positions, cache, options).reshape({rows, -1});
+    for (int64_t i = 0; i < rows; ++i) {
+      if (!streams[i].done()) ++responses[i].timings.decode_tokens;
+    }
+  }
+  for (int64_t i = 0; i < rows; ++i) {
+    GenerationResult result = streams[i].take_result();
+    Response& r = responses[i];
+    const AssembledPrompt& a = pre.assembled.rows[i];
+    r.text = std::move(result.text);
+    r.tokens = std::move(result.tokens);
+    r.stop_reason = result.stop_reason;
+    r.timings.assembly_ms = pre.assembled.ms;
+    r.timings.fresh_prefill_ms = pre.prefill_ms;
+    r.timings.ttft_ms = first_token_ms[i] > 0 ? first_token_ms[i] - start : 0;
+    r.timings.decode_ms = last_token_ms[i] - first_token_ms[i];
+    r.cached_tokens = a.cached_tokens;
+    r.fresh_tokens = static_cast<int64_t>(a.fresh_tokens.size());
+    r.kv_bytes = a.kv_bytes;
+  }
+  return responses;
+}
+
 Response Engine::generate_xml(const std::string& prompt_xml, const SamplingParams& params,
                               const TokenCallback& on_token, const RequestOptions& request,
                               const std::string& origin) {

@@ -7,20 +7,12 @@
 #include "promptcache/cache/assembler.hpp"
 #include "promptcache/cache/compiler.hpp"
 #include "support/tiny_model.hpp"
+#include "support/trip_schema.hpp"
 
 using namespace promptcache;
 
 namespace {
-const char* kSchema = R"(<schema name="trip">
-  Plan a trip.
-  <module name="city">The city has a river and a big park.</module>
-  <union scaffold="sunny">
-    <module name="sunny">The weather is warm and sunny.</module>
-    <module name="rainy">It will rain in the evening, take a map and an umbrella.</module>
-  </union>
-  <module name="live" cache="false">Today is a new day.</module>
-  <module name="who">The guide is <parameter name="guide" length="4" scaffold="Tom"/> today.</module>
-</schema>)";
+const char* kSchema = test::kTripSchema;
 const char* kOpenings = R"(<schema name="openings">
   A story.
   <union scaffold="forest">
@@ -328,16 +320,28 @@ TEST_CASE("stories260K: a union of openings and a character parameter", "[cache]
   SamplingParams greedy;
   greedy.max_new_tokens = 40;
   std::vector<std::string> outputs;
+  std::vector<pml::Prompt> prompts;
+  const char* names[] = {"Ben", "Mia", "Sam"};
   for (const char* opening : {"park", "sea", "forest"}) {
     const std::string prompt = std::string("<prompt schema=\"tales\"><") + opening +
-                               "/><hero name=\"Ben\"/> Then</prompt>";
-    const auto r = engine->generate_xml(prompt, greedy);
-    WARN(opening << ": " << r.text << "  [cached " << r.cached_tokens << ", fresh "
-                 << r.fresh_tokens << ", TTFT " << r.timings.ttft_ms << " ms]");
+                               "/><hero name=\"" + names[prompts.size()] + "\"/> Then</prompt>";
+    prompts.push_back(pml::parse_prompt_string(prompt));
+    const auto r = engine->generate(prompts.back(), greedy);
+    WARN(opening << ", " << names[prompts.size() - 1] << ": " << r.text << "  [cached "
+                 << r.cached_tokens << ", fresh " << r.fresh_tokens << ", TTFT "
+                 << r.timings.ttft_ms << " ms]");
     CHECK(r.tokens.size() > 5);
     CHECK(r.cached_tokens > 10);
     outputs.push_back(r.text);
   }
   // Different openings lead to different stories.
   CHECK((outputs[0] != outputs[1] || outputs[1] != outputs[2]));
+  // The three prompts as one batch (each row stops at its own EOS or limit): the same stories.
+  const auto batch = engine->generate_batch(prompts, greedy);
+  REQUIRE(batch.size() == 3);
+  for (std::size_t i = 0; i < 3; ++i) {
+    CHECK(batch[i].text == outputs[i]);
+    CHECK(batch[i].cached_tokens > 10);
+  }
+  WARN("as one batch: TTFT " << batch[0].timings.ttft_ms << " ms for all three");
 }

@@ -5,7 +5,8 @@
 // the model must still run: argument tokens at their parameter's positions, spans of
 // cache="false" modules at theirs, then the prompt's text right after the largest position used.
 // Fresh tokens then attend to every assembled slot and to earlier fresh tokens — which is the
-// KV cache's ordinary causal rule, so no special mask is needed.
+// KV cache's ordinary causal rule, so no special mask is needed (except in a batch, where each
+// row sees only its own slots).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,25 @@ struct AssembledPrompt {
   int64_t cached_tokens = 0;  // slots filled from the store
   int64_t reused_tokens = 0;  // of those, slots the cache already held (not copied again)
   int64_t kv_bytes = 0;       // bytes copied
+  int64_t max_position = -1;  // the largest position id the prompt uses (cached or fresh)
+  double ms = 0;
+};
+
+// One prompt of a batch: its resolution and the layout of its schema (prompts of one batch may
+// use different schemas).
+struct BatchPrompt {
+  const pml::ResolvedPrompt* resolved = nullptr;
+  const pml::Layout* layout = nullptr;
+};
+
+// Several prompts assembled into the rows of one batch KV cache. Row i holds prompt i's stored
+// states at slots [0, rows[i].cached_tokens) and zeros after them up to cached_slots (the
+// longest row; a zeroed or re-run slot must be masked out for that row); the fresh tokens of
+// every row come after cached_slots.
+struct AssembledBatch {
+  std::vector<AssembledPrompt> rows;
+  int64_t cached_slots = 0;  // slots the assembled region spans
+  int64_t fresh_slots = 0;   // the most fresh tokens of any row
   double ms = 0;
 };
 
@@ -37,6 +57,12 @@ class Assembler {
   AssembledPrompt assemble(const pml::ResolvedPrompt& prompt, const pml::Layout& layout,
                            const CacheStore& store, KVCache& cache, int64_t extra_capacity,
                            bool reuse = true) const;
+
+  // Assembles every prompt into its own row of `cache` (whose batch must equal the number of
+  // prompts; it is cleared, then grown to hold cached_slots + fresh_slots + extra_capacity).
+  // Each span is copied once per row that selects it; nothing is reused across calls.
+  AssembledBatch assemble_batch(const std::vector<BatchPrompt>& prompts, const CacheStore& store,
+                                KVCache& cache, int64_t extra_capacity) const;
 };
 
 }  // namespace promptcache
