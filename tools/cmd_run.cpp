@@ -28,7 +28,8 @@ Command register_run(CLI::App& root) {
     ModelOptions model;
     SamplingOptions sampling;
     EngineFlags engine;
-    std::string schema, prompt, cache_file;
+    std::string schema, cache_file;
+    std::vector<std::string> prompts;
     bool no_cache = false, stats = false, json = false;
   };
   auto o = std::make_shared<Options>();
@@ -38,28 +39,50 @@ Command register_run(CLI::App& root) {
       "Example: promptcache run --model DIR --schema schemas/trip.xml --prompt "
       "schemas/trip.prompt.xml --stats\n"
       "         add --cache trip.states to keep compiled states between runs, --no-cache to "
-      "compare");
+      "compare;\n"
+      "         several --prompt files are answered together as one batch");
   add_model_options(*app, o->model);
   add_sampling_options(*app, o->sampling);
   add_engine_flags(*app, o->engine);
   app->add_option("--schema,-s", o->schema, "schema XML file")
       ->required()
       ->check(CLI::ExistingFile);
-  app->add_option("--prompt,-p", o->prompt, "prompt XML file")
+  app->add_option("--prompt,-p", o->prompts,
+                  "prompt XML file; repeat it (or list several) to answer them as one batch")
       ->required()
       ->check(CLI::ExistingFile);
   app->add_option("--cache", o->cache_file,
                   "states file: loaded when it matches, else compiled and saved there");
   app->add_flag("--no-cache", o->no_cache, "run the same tokens as one ordinary prefill");
   app->add_flag("--stats", o->stats, "print TTFT, assembly/prefill split and tokens/s");
-  app->add_flag("--json", o->json, "print one JSON object instead of streaming");
+  app->add_flag("--json", o->json,
+                "print one JSON object (a line per prompt for a batch) instead of streaming");
   return {app, [o]() {
             auto engine = open_engine(o->model, o->engine);
-            const auto prompt = pml::parse_prompt_file(o->prompt);
+            std::vector<pml::Prompt> prompts;
+            for (const auto& file : o->prompts) prompts.push_back(pml::parse_prompt_file(file));
             engine->add_schema_file(o->schema, progress_bar(), o->cache_file);
-            if (o->stats) std::cerr << "[" << engine->compile_report(prompt.schema).source << "]\n";
+            const auto& first = prompts.front();
+            if (o->stats) std::cerr << "[" << engine->compile_report(first.schema).source << "]\n";
             SamplingParams params = o->sampling.params;
             params.stop_strings = o->sampling.stop;
+            const bool cached = !o->no_cache;
+            if (prompts.size() > 1) {
+              // One batch: the answers come when every prompt is done, each under its file name.
+              const auto responses =
+                  engine->generate_batch(prompts, params, {}, RequestOptions{cached});
+              for (std::size_t i = 0; i < responses.size(); ++i) {
+                if (o->json) {
+                  auto j = response_json(responses[i], cached);
+                  j["prompt"] = o->prompts[i];
+                  std::cout << j.dump() << "\n";
+                } else {
+                  std::cout << "--- " << o->prompts[i] << "\n" << responses[i].text << "\n";
+                  if (o->stats) print_stats(responses[i], cached);
+                }
+              }
+              return 0;
+            }
             TokenCallback stream;
             if (!o->json) {
               stream = [](TokenId, const std::string& s) {
@@ -67,8 +90,7 @@ Command register_run(CLI::App& root) {
                 return true;
               };
             }
-            const bool cached = !o->no_cache;
-            const auto r = engine->generate(prompt, params, stream, RequestOptions{cached});
+            const auto r = engine->generate(first, params, stream, RequestOptions{cached});
             if (o->json) {
               std::cout << response_json(r, cached).dump() << "\n";
             } else {

@@ -55,6 +55,32 @@ assert a["token_ids"] == b["token_ids"], (a["token_ids"], b["token_ids"])
 assert a["text"] == b["text"]
 PY
     ;;
+  run_batch)
+    # Several --prompt files run as one batch: each answer equals the one of its prompt alone.
+    tiny
+    prompts=("$src/schemas/trip.prompt.xml" "$src/schemas/trip-sunny.prompt.xml")
+    for i in 0 1; do
+      "$pc" run --model "$work/tiny" --schema "$src/schemas/trip.xml" --prompt "${prompts[$i]}" -n 8 --json \
+        >"$work/alone$i.json" 2>"$work/err" || fail "run alone: $(cat "$work/err")"
+    done
+    "$pc" run --model "$work/tiny" --schema "$src/schemas/trip.xml" --prompt "${prompts[@]}" -n 8 --json \
+      >"$work/batch.json" 2>"$work/err" || fail "run batch: $(cat "$work/err")"
+    python3 - "$work/batch.json" "$work/alone0.json" "$work/alone1.json" "${prompts[@]}" <<'PY' || fail "batch differs from single runs"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+alone = [json.load(open(p)) for p in sys.argv[2:4]]
+assert len(rows) == 2, rows
+for row, one, name in zip(rows, alone, sys.argv[4:6]):
+    assert row["prompt"] == name, (row["prompt"], name)
+    assert row["token_ids"] == one["token_ids"], (row["token_ids"], one["token_ids"])
+    assert row["text"] == one["text"] and row["cached_tokens"] == one["cached_tokens"] > 0
+assert rows[0]["cached_tokens"] != rows[1]["cached_tokens"]  # different module selections
+PY
+    "$pc" run --model "$work/tiny" --schema "$src/schemas/trip.xml" --prompt "${prompts[@]}" -n 4 --stats \
+      >"$work/batch.txt" 2>"$work/stats" || fail "run batch text: $(cat "$work/stats")"
+    expect_in "--- $src/schemas/trip-sunny.prompt.xml" "$work/batch.txt"
+    [ "$(grep -c 'TTFT' "$work/stats")" = 2 ] || fail "expected one stats line per prompt: $(cat "$work/stats")"
+    ;;
   run_stories260k)
     [ -f "$stories/model.safetensors" ] || { echo "SKIPPED: $stories is absent"; exit 77; }
     cat >"$work/s.xml" <<'XML'
