@@ -80,6 +80,21 @@ inline std::vector<std::string> corpus_words() {
   return words;
 }
 
+// Text of exactly `tokens` tokens (as one span) built from the corpus, starting at word `from`.
+inline std::string text_of_tokens(const Tokenizer& tok, const std::vector<std::string>& words,
+                                  std::size_t& from, int tokens) {
+  std::string text;
+  while (true) {
+    const std::string next = text + (text.empty() ? "" : " ") + words[from % words.size()];
+    if (static_cast<int>(tok.encode(next).size()) > tokens) break;
+    text = next;
+    ++from;
+  }
+  // Pad with single-token words until the count is exact.
+  while (static_cast<int>(tok.encode(text).size()) < tokens) text += " a";
+  return text;
+}
+
 // A tokenizer trained on the built-in corpus (as make-model does), written to a temporary file.
 inline std::unique_ptr<Tokenizer> bench_tokenizer() {
   const std::string path = "/tmp/promptcache-bench-tokenizer.model";

@@ -16,7 +16,6 @@
 //                               [--threads N] [--shape bench-small] [--device cpu|cuda]
 //                               [--dtype f32|f16|bf16] [--kernels on|off|on,off]
 #include <torch/types.h>
-#include <torch/version.h>
 
 #include <algorithm>
 #include <cstring>
@@ -25,6 +24,7 @@
 #include <sstream>
 
 #include "bench_common.hpp"
+#include "bench_engine.hpp"
 #include "promptcache/engine.hpp"
 #include "promptcache/model/cpu_linear.hpp"
 #include "promptcache/model/synthetic.hpp"
@@ -33,21 +33,6 @@
 using namespace promptcache;
 
 namespace {
-
-// Text of exactly `tokens` tokens (as one span) built from the corpus, starting at word `from`.
-std::string text_of_tokens(const Tokenizer& tok, const std::vector<std::string>& words,
-                           std::size_t& from, int tokens) {
-  std::string text;
-  while (true) {
-    const std::string next = text + (text.empty() ? "" : " ") + words[from % words.size()];
-    if (static_cast<int>(tok.encode(next).size()) > tokens) break;
-    text = next;
-    ++from;
-  }
-  // Pad with single-token words until the count is exact.
-  while (static_cast<int>(tok.encode(text).size()) < tokens) text += " a";
-  return text;
-}
 
 double best_of(int repeats, const std::function<double()>& f) {
   double best = 1e300;
@@ -99,15 +84,8 @@ int main(int argc, char** argv) {
     while (std::getline(list, item, ',')) kernel_settings.push_back(kernel_setting(item));
     select_cpu_linear(kernel_settings.front());  // for compiling
   }
-  const ModelConfig config = synthetic_config(shape);
-  std::cerr << "bench_ttft: making " << shape << " model and tokenizer...\n";
-  EngineOptions options;
-  options.chat_template = "plain";
-  options.load.device = parse_device(device);
-  options.load.dtype = parse_dtype(dtype);
-  Engine engine(
-      LlamaModel::from_tensors(config, random_llama_weights(config, 1, 0.02), options.load),
-      bench::bench_tokenizer(), options);
+  const auto engine_owner = bench::synthetic_engine("bench_ttft", shape, device, dtype);
+  Engine& engine = *engine_owner;
   const auto words = bench::corpus_words();
   const int module_tokens = 128;
 
@@ -121,7 +99,7 @@ int main(int argc, char** argv) {
     while (remaining > 0) {
       const int n = std::min(module_tokens, remaining);
       xml << "<module name=\"d" << modules << "\">"
-          << text_of_tokens(engine.tokenizer(), words, from, n) << "</module>";
+          << bench::text_of_tokens(engine.tokenizer(), words, from, n) << "</module>";
       prompt_refs << "<d" << modules << "/>";
       remaining -= n;
       ++modules;
@@ -134,7 +112,7 @@ int main(int argc, char** argv) {
       std::size_t qfrom = 7;
       const std::string prompt =
           "<prompt schema=\"docs" + std::to_string(schema_tokens) + "\">" + prompt_refs.str() +
-          text_of_tokens(engine.tokenizer(), words, qfrom, fresh) + "</prompt>";
+          bench::text_of_tokens(engine.tokenizer(), words, qfrom, fresh) + "</prompt>";
       SamplingParams one;
       one.max_new_tokens = 1;
       std::vector<Samples> samples(kernel_settings.size());
@@ -166,7 +144,7 @@ int main(int argc, char** argv) {
       // tensor copy on a GPU.
       const std::size_t bytes = static_cast<std::size_t>(samples[0].cached_response.kv_bytes);
       double memcpy_ms = 0;
-      if (options.load.device.is_cpu()) {
+      if (engine.model().device().is_cpu()) {
         std::vector<char> src(bytes, 1), dst(bytes, 0);
         memcpy_ms = best_of(repeats + 2, [&] {
           const double t = now_ms();
@@ -175,7 +153,7 @@ int main(int argc, char** argv) {
         });
       } else {
         const auto on_device =
-            torch::TensorOptions().device(options.load.device).dtype(torch::kUInt8);
+            torch::TensorOptions().device(engine.model().device()).dtype(torch::kUInt8);
         auto src = torch::ones({static_cast<int64_t>(bytes)}, on_device);
         auto dst = torch::zeros({static_cast<int64_t>(bytes)}, on_device);
         memcpy_ms = best_of(repeats + 2, [&] {
@@ -214,15 +192,8 @@ int main(int argc, char** argv) {
             {"assembly_to_memcpy", memcpy_ms / s.assembly_ms},
             {"compile_ms", compile_ms},
             {"same_first_token", cached.tokens == s.uncached_response.tokens},
-            {"kernels", cpu_linear_name(s.kernel)},
-            {"attention", engine.model().attention_name()},
-            {"torch_version", std::to_string(TORCH_VERSION_MAJOR) + "." +
-                                  std::to_string(TORCH_VERSION_MINOR) + "." +
-                                  std::to_string(TORCH_VERSION_PATCH)},
-            {"device", device},
-            {"dtype", dtype},
-            {"threads", applied.blas_threads},
-            {"torch_threads", applied.torch_threads}};
+            {"kernels", cpu_linear_name(s.kernel)}};
+        j.update(bench::run_facts(engine, device, dtype, applied));
         std::cout << j.dump() << std::endl;
       }
     }

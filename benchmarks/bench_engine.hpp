@@ -1,0 +1,47 @@
+// benchmarks/bench_engine.hpp — the engine the Prompt Cache benchmarks measure.
+#pragma once
+
+#include <torch/version.h>
+
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "bench_common.hpp"
+#include "promptcache/engine.hpp"
+#include "promptcache/model/synthetic.hpp"
+#include "promptcache/model/threads.hpp"
+
+namespace promptcache::bench {
+
+// An engine over a synthetic model of `shape` (deterministic random weights) on `device` in
+// `dtype`, with the built-in tokenizer and the plain chat template.
+inline std::unique_ptr<Engine> synthetic_engine(const std::string& program,
+                                                const std::string& shape, const std::string& device,
+                                                const std::string& dtype) {
+  const ModelConfig config = synthetic_config(shape);
+  std::cerr << program << ": making " << shape << " model and tokenizer...\n";
+  EngineOptions options;
+  options.chat_template = "plain";
+  options.load.device = parse_device(device);
+  options.load.dtype = parse_dtype(dtype);
+  return std::make_unique<Engine>(
+      LlamaModel::from_tensors(config, random_llama_weights(config, 1, 0.02), options.load),
+      bench_tokenizer(), options);
+}
+
+// What a result line records about the run: attention, LibTorch version, device, dtype, threads.
+inline nlohmann::json run_facts(const Engine& engine, const std::string& device,
+                                const std::string& dtype, const ThreadSettings& threads) {
+  return {{"attention", engine.model().attention_name()},
+          {"torch_version", std::to_string(TORCH_VERSION_MAJOR) + "." +
+                                std::to_string(TORCH_VERSION_MINOR) + "." +
+                                std::to_string(TORCH_VERSION_PATCH)},
+          {"device", device},
+          {"dtype", dtype},
+          {"threads", threads.blas_threads},
+          {"torch_threads", threads.torch_threads}};
+}
+
+}  // namespace promptcache::bench
