@@ -16,7 +16,7 @@ Command register_qa(CLI::App& root) {
     SamplingOptions sampling;
     EngineFlags engine;
     std::vector<std::string> docs;
-    std::string question;
+    std::vector<std::string> questions;
     std::string system = "Answer the question using only the documents given to you.";
     std::string cache_file;
   };
@@ -26,24 +26,27 @@ Command register_qa(CLI::App& root) {
       "Answer questions over documents (one prompt module per document, compiled once).\n"
       "Examples:\n"
       "  promptcache qa --model DIR --docs notes/ --question \"When is the meeting?\"\n"
+      "  promptcache qa --model DIR --docs notes/ -q \"When?\" -q \"Where?\"   (one batch)\n"
       "  promptcache qa --model DIR --docs a.txt b.md      (interactive: type a question;\n"
       "      :use a.txt picks documents, :docs lists them, :quit ends)");
   add_model_options(*app, o->model);
   add_sampling_options(*app, o->sampling);
   add_engine_flags(*app, o->engine);
   app->add_option("--docs,-d", o->docs, "document files or folders of .txt/.md files")->required();
-  app->add_option("--question,-q", o->question, "answer this and exit (else: interactive)");
+  app->add_option("--question,-q", o->questions,
+                  "answer this and exit (else: interactive); several are answered as one batch");
   app->add_option("--system", o->system, "system prompt")->capture_default_str();
   app->add_option("--cache", o->cache_file, "states file for the compiled documents");
   return {app, [o]() {
             const auto docs = docqa::collect_documents(o->docs);
             auto engine = open_engine(o->model, o->engine);
-            engine->add_schema_string(docqa::schema_xml(docs, o->system), "<qa documents>", "",
-                                      progress_bar());
+            engine->add_schema(
+                pml::parse_schema_string(docqa::schema_xml(docs, o->system), "<qa documents>"),
+                progress_bar(), o->cache_file);
             const auto& report = engine->compile_report(docqa::kSchemaName);
             std::cerr << fmt::format(
-                "[{} documents, {} tokens stored, {:.1f} MB, compiled in {:.0f} ms]\n", docs.size(),
-                report.tokens_stored, report.bytes / 1e6, report.ms);
+                "[{} documents, {} tokens stored, {:.1f} MB, {} in {:.0f} ms]\n", docs.size(),
+                report.tokens_stored, report.bytes / 1e6, report.source, report.ms);
             SamplingParams params = o->sampling.params;
             params.stop_strings = o->sampling.stop;
             std::vector<std::string> selected;
@@ -63,8 +66,23 @@ Command register_qa(CLI::App& root) {
                       : "",
                   r.fresh_tokens);
             };
-            if (!o->question.empty()) {
-              answer(o->question);
+            if (o->questions.size() == 1) {
+              answer(o->questions[0]);
+              return 0;
+            }
+            if (o->questions.size() > 1) {
+              // One batch over the same documents; each answer under its question.
+              std::vector<pml::Prompt> prompts;
+              for (const auto& q : o->questions) {
+                prompts.push_back(pml::parse_prompt_string(docqa::prompt_xml(selected, q)));
+              }
+              const auto answers = engine->generate_batch(prompts, params);
+              for (std::size_t i = 0; i < answers.size(); ++i) {
+                std::cout << "Q: " << o->questions[i] << "\n" << answers[i].text << "\n";
+                std::cerr << fmt::format(
+                    "[TTFT {:.1f} ms for the batch; {} cached + {} fresh tokens]\n",
+                    answers[i].timings.ttft_ms, answers[i].cached_tokens, answers[i].fresh_tokens);
+              }
               return 0;
             }
             std::cerr << "Ask a question (:use FILE... to pick documents, :docs, :quit).\n";

@@ -115,6 +115,26 @@ XML
     expect_in "2 documents" "$work/err"
     expect_in "TTFT" "$work/err"
     [ -s "$work/out.txt" ] || fail "no answer printed"
+    # Two questions are one batch; each answer is the one it gets alone.
+    "$pc" qa --model "$work/tiny" --docs "$work/a.txt" "$work/b.md" --question "Where does the train go?" -n 8 >"$work/out2.txt" 2>"$work/err" || fail "qa 2: $(cat "$work/err")"
+    "$pc" qa --model "$work/tiny" --docs "$work/a.txt" "$work/b.md" -q "When is the meeting?" -q "Where does the train go?" -n 8 >"$work/both.txt" 2>"$work/err" || fail "qa batch: $(cat "$work/err")"
+    python3 - "$work/both.txt" "$work/out.txt" "$work/out2.txt" <<'PY' || fail "batch answers differ from single answers"
+import sys
+both = open(sys.argv[1]).read().split("\n")
+first, second = (open(p).read().strip() for p in sys.argv[2:4])
+assert both[0] == "Q: When is the meeting?", both
+i = both.index("Q: Where does the train go?")
+assert "\n".join(both[1:i]).strip() == first, (both[1:i], first)
+assert "\n".join(both[i + 1:]).strip() == second, (both[i + 1:], second)
+PY
+    [ "$(grep -c 'TTFT' "$work/err")" = 2 ] || fail "expected a stats line per question: $(cat "$work/err")"
+    # --cache keeps the compiled documents: the second run loads them.
+    for i in 1 2; do
+      "$pc" qa --model "$work/tiny" --docs "$work/a.txt" "$work/b.md" --question "When is the meeting?" -n 8 --cache "$work/qa.states" >"$work/c$i.txt" 2>"$work/c$i.err" || fail "qa --cache $i: $(cat "$work/c$i.err")"
+    done
+    expect_in "saved to $work/qa.states" "$work/c1.err"
+    expect_in "loaded from $work/qa.states" "$work/c2.err"
+    cmp -s "$work/c1.txt" "$work/c2.txt" || fail "the answer changed when the states were loaded"
     if [ -f "$stories/model.safetensors" ]; then
       mkdir "$work/folder" && cp "$work/a.txt" "$work/b.md" "$work/folder/"
       "$pc" qa --model "$stories" --template plain --docs "$work/folder" --question "Who went to the park?" -n 20 >"$work/s.txt" 2>"$work/s.err" || fail "qa stories260K: $(cat "$work/s.err")"
