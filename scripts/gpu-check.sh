@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # GPU check: builds promptcache against PyTorch's bundled LibTorch (2.x, CUDA), runs the model,
-# engine and contract suites on the GPU, then bench_ttft in f16 and bf16, and prints a summary
-# (also written to $OUT/summary.txt, with the test logs and bench_ttft's JSON lines beside it:
-# seven files, within what the device tool brings back).
+# engine and contract suites on the GPU, then bench_ttft in f16 and bf16 and bench_batch in f16,
+# and prints a summary (also written to $OUT/summary.txt, with the test logs and the benchmarks'
+# JSON lines beside it: eight files, what the device tool brings back at most).
 #
 #   scripts/gpu-debs.sh                         # here, once: the Debian packages, into .gpu-debs/
 #   scripts/gpu-check.sh [--device cuda|cpu] [--repeats N] [--schema 512,1024,2048,4096]
@@ -105,7 +105,7 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=$prefix_p
   ${abi_flags[@]+"${abi_flags[@]}"} -DPROMPTCACHE_BUILD_EXAMPLES=OFF >"$build/configure.log" 2>&1 ||
   { cp "$build/configure.log" "$out/"; log "configure FAILED (configure.log):"
     tail -30 "$build/configure.log" | tee -a "$out/summary.txt"; exit 1; }
-targets=(model_tests cache_tests contract_tests bench_ttft)
+targets=(model_tests cache_tests contract_tests bench_ttft bench_batch)
 cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" >"$build/build.log" 2>&1 ||
   { cp "$build/build.log" "$out/"; log "build FAILED (build.log):"
     grep -m20 -E 'error|undefined reference' "$build/build.log" | tee -a "$out/summary.txt"; exit 1; }
@@ -145,5 +145,23 @@ PY
     log "bench_ttft $device $dtype FAILED: $(tail -3 "$out/bench.err")"
   fi
 done
+# --- bench_batch in f16: prompts with different modules, one batch vs one by one ---------------
+batch_args=()  # a dry run on the CPU (f16 is slow there) runs one small batch
+[ "$device" = cpu ] && batch_args=(--batch 2 --doc-tokens 64 --new 4)
+if "$build/benchmarks/bench_batch" --device "$device" --dtype f16 --repeats "$repeats" \
+    ${batch_args[@]+"${batch_args[@]}"} >"$out/bench_batch_f16.jsonl" 2>>"$out/bench.err"; then
+  log "bench_batch $device f16:"
+  python3 - "$out/bench_batch_f16.jsonl" <<'PY' | tee -a "$out/summary.txt"
+import json, sys
+print("batch  one_by_one_ms  batch_ms  speedup  last_ttft_one_by_one_ms  batch_ttft_ms  same_tokens")
+for line in open(sys.argv[1]):
+    j = json.loads(line)
+    print(f"{j['batch']:5} {j['sequential_ms']:14.1f} {j['batch_ms']:9.1f} {j['speedup']:7.2f}x "
+          f"{j['sequential_last_ttft_ms']:24.1f} {j['batch_ttft_ms']:14.1f}  {j['same_tokens']}")
+PY
+else
+  failures=$((failures + 1))
+  log "bench_batch $device f16 FAILED: $(tail -3 "$out/bench.err")"
+fi
 log "done after $(elapsed): $failures failure(s); logs in $out"
 [ "$failures" -eq 0 ]
