@@ -40,6 +40,10 @@ struct RequestOptions {
   // Keep the module states the engine's KV buffer still holds from the previous request when
   // this prompt selects the same leading modules (no copy); false copies every span again.
   bool reuse_buffer = true;
+  // generate_batch: once a quarter of the rows still in the batch are finished (and at least 4
+  // steps may remain), they are dropped, moving the other rows' states down in place; false
+  // keeps every row to the end (for comparison: bench_batch --uneven 1).
+  bool drop_finished_rows = true;
 };
 
 struct ResponseTimings {

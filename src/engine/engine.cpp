@@ -1,6 +1,7 @@
 #include "promptcache/engine.hpp"
 
 #include <filesystem>
+#include <numeric>
 
 #include "promptcache/error.hpp"
 
@@ -266,8 +267,8 @@ std::vector<Response> Engine::generate_batch(const std::vector<pml::Prompt>& pro
     batch_buffer_ = KVCache();  // the old buffer goes before the new one is made
     batch_buffer_ = model_->make_cache(0, rows);
   }
-  KVCache& cache = batch_buffer_;
-  BatchPrefill pre = prefill_batch(resolved, cache, request.use_cache, params.max_new_tokens);
+  BatchPrefill pre =
+      prefill_batch(resolved, batch_buffer_, request.use_cache, params.max_new_tokens);
 
   std::vector<TokenStream> streams;
   std::vector<int64_t> next_position(rows);
@@ -286,19 +287,29 @@ std::vector<Response> Engine::generate_batch(const std::vector<pml::Prompt>& pro
   }
   const int64_t limit = model_->config().max_position_embeddings;
   const auto int64 = torch::TensorOptions().dtype(torch::kInt64);
+  // Cache row r holds prompt active[r]. Finished rows run along (their last token again,
+  // harmlessly) until enough of them are done to be worth dropping: a decode step costs each row
+  // its share of the work, dropping costs one copy of the remaining rows' states.
+  std::vector<int64_t> active(rows);
+  std::iota(active.begin(), active.end(), 0);
+  // A shallow copy (the same storage): dropping rows narrows it, while the buffer keeps its full
+  // batch for the next call.
+  KVCache cache = batch_buffer_;
+  torch::Tensor visible = pre.visible;
   torch::Tensor logits = pre.logits;
   auto ids = torch::zeros({rows, 1}, int64);
   auto positions = torch::zeros({rows, 1}, int64);
-  int64_t* next_ids = ids.data_ptr<int64_t>();
-  int64_t* next_positions = positions.data_ptr<int64_t>();
   for (int step = 0;; ++step) {
     auto host = logits.to(torch::kCPU, torch::kFloat32).contiguous();
-    bool running = false;
-    for (int64_t i = 0; i < rows; ++i) {
+    const auto vocab = static_cast<std::size_t>(host.size(1));
+    int64_t* next_ids = ids.data_ptr<int64_t>();
+    int64_t* next_positions = positions.data_ptr<int64_t>();
+    int64_t running = 0;
+    for (std::size_t r = 0; r < active.size(); ++r) {
+      const int64_t i = active[r];
       TokenStream& stream = streams[i];
       if (stream.done()) continue;
-      const auto vocab = static_cast<std::size_t>(host.size(1));
-      TokenId id = stream.sample(host[i].data_ptr<float>(), vocab);
+      TokenId id = stream.sample(host[static_cast<int64_t>(r)].data_ptr<float>(), vocab);
       const double now = now_ms();
       if (step == 0) first_token_ms[i] = now;
       last_token_ms[i] = now;
@@ -307,16 +318,34 @@ std::vector<Response> Engine::generate_batch(const std::vector<pml::Prompt>& pro
         stream.stop(StopReason::kContextFull);
         continue;
       }
-      next_ids[i] = static_cast<int64_t>(id);
-      next_positions[i] = next_position[i]++;
-      running = true;
+      next_ids[r] = static_cast<int64_t>(id);
+      next_positions[r] = next_position[i]++;
+      ++running;
     }
-    if (!running) break;
-    // Finished rows run along (their last token again, harmlessly) until every row is done.
+    if (running == 0) break;
+    const auto finished = static_cast<int64_t>(active.size()) - running;
+    const int steps_left = params.max_new_tokens - step - 1;
+    if (request.drop_finished_rows && finished > 0 &&
+        finished * 4 >= static_cast<int64_t>(active.size()) && steps_left >= 4) {
+      std::vector<int64_t> keep, kept_prompts;
+      for (std::size_t r = 0; r < active.size(); ++r) {
+        if (!streams[active[r]].done()) {
+          keep.push_back(static_cast<int64_t>(r));
+          kept_prompts.push_back(active[r]);
+        }
+      }
+      cache.keep_rows(keep);
+      const auto index = torch::tensor(keep, int64);
+      visible = visible.index_select(0, index);
+      ids = ids.index_select(0, index);
+      positions = positions.index_select(0, index);
+      active = std::move(kept_prompts);
+    }
     ForwardOptions options;
-    options.attention_mask = pre.visible.narrow(1, 0, cache.length() + 1).unsqueeze(1);
-    logits = model_->forward(ids, positions, cache, options).reshape({rows, -1});
-    for (int64_t i = 0; i < rows; ++i) {
+    options.attention_mask = visible.narrow(1, 0, cache.length() + 1).unsqueeze(1);
+    logits = model_->forward(ids, positions, cache, options)
+                 .reshape({static_cast<int64_t>(active.size()), -1});
+    for (int64_t i : active) {
       if (!streams[i].done()) ++responses[i].timings.decode_tokens;
     }
   }

@@ -95,6 +95,32 @@ void KVCache::truncate(int64_t length) {
   max_position_ = positions_.empty() ? -1 : *std::max_element(positions_.begin(), positions_.end());
 }
 
+void KVCache::keep_rows(const std::vector<int64_t>& rows) {
+  for (std::size_t j = 0; j < rows.size(); ++j) {
+    if (rows[j] < 0 || rows[j] >= shape_.batch || (j > 0 && rows[j] <= rows[j - 1])) {
+      throw Error(ErrorKind::kInvalidArgument,
+                  "KV cache keep_rows: rows must be ascending batch rows below " +
+                      std::to_string(shape_.batch) + ", got " + std::to_string(rows[j]));
+    }
+  }
+  if (rows.empty()) {
+    throw Error(ErrorKind::kInvalidArgument, "KV cache keep_rows: no rows to keep");
+  }
+  for (std::size_t j = 0; j < rows.size(); ++j) {
+    const auto to = static_cast<int64_t>(j);
+    if (rows[j] == to) continue;  // ascending: a row only moves down, onto one already dropped
+    all_.narrow(2, to, 1)
+        .narrow(4, 0, length_)
+        .copy_(all_.narrow(2, rows[j], 1).narrow(4, 0, length_));
+  }
+  shape_.batch = static_cast<int64_t>(rows.size());
+  all_ = all_.narrow(2, 0, shape_.batch);
+  for (int64_t l = 0; l < shape_.layers; ++l) {
+    k_[l] = all_[l][0];
+    v_[l] = all_[l][1];
+  }
+}
+
 void KVCache::tag_source(const SlotSource& tag) {
   if (tag.slot < 0 || tag.count <= 0 || tag.slot + tag.count > length_) {
     throw Error(ErrorKind::kInvalidArgument, "KV cache source tag outside the filled slots");

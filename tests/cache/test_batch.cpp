@@ -54,6 +54,20 @@ TEST_CASE("generate_batch: each prompt stops on its own and streams its own text
         streamed[index] += text;
         return ++calls[index] < 2 || index != 1;
       });
+  // Keeping finished rows to the end (instead of dropping them from the batch) changes nothing.
+  RequestOptions keep_rows;
+  keep_rows.drop_finished_rows = false;
+  std::vector<int> kept_calls(3, 0);
+  const auto kept = engine->generate_batch(
+      prompts, params,
+      [&](std::size_t index, TokenId, const std::string&) {
+        return ++kept_calls[index] < 2 || index != 1;
+      },
+      keep_rows);
+  for (std::size_t i = 0; i < 3; ++i) {
+    CHECK(kept[i].tokens == stopped[i].tokens);
+    CHECK(kept[i].stop_reason == stopped[i].stop_reason);
+  }
   const auto first = std::find(free_run[0].tokens.begin(), free_run[0].tokens.end(), stop);
   CHECK(stopped[0].stop_reason == StopReason::kStopToken);
   CHECK(stopped[0].tokens == std::vector<TokenId>(free_run[0].tokens.begin(), first));
@@ -147,4 +161,33 @@ TEST_CASE("generate_batch: edge cases and errors", "[batch]") {
                     Catch::Contains("schema 'nope' which is not loaded"));
   params.top_p = 2.0f;
   CHECK_THROWS_WITH(engine->generate_batch(prompts, params), Catch::Contains("top-p"));
+}
+
+TEST_CASE("KVCache::keep_rows drops batch rows in place", "[batch]") {
+  const auto model = test::tiny_model();
+  KVCache cache = model->make_cache(10, 4);
+  const auto ids = torch::randint(0, 100, {4, 6}, torch::kInt64);
+  model->forward(ids, torch::arange(6, torch::kInt64).repeat({4, 1}), cache);
+  std::vector<torch::Tensor> keys, values;
+  for (int64_t l = 0; l < cache.layers(); ++l) {
+    keys.push_back(cache.keys(l).clone());
+    values.push_back(cache.values(l).clone());
+  }
+  KVCache view = cache;  // shares the storage, as generate_batch's working copy does
+  view.keep_rows({1, 3});
+  CHECK(view.shape().batch == 2);
+  CHECK(cache.shape().batch == 4);  // the original keeps its full batch
+  CHECK(view.length() == 6);
+  CHECK(view.positions() == cache.positions());
+  for (int64_t l = 0; l < cache.layers(); ++l) {
+    CHECK(torch::equal(view.keys(l)[0], keys[l][1]));
+    CHECK(torch::equal(view.values(l)[1], values[l][3]));
+  }
+  // Appending to the smaller batch works and leaves the kept rows alone.
+  model->forward(torch::randint(0, 100, {2, 1}, torch::kInt64), torch::full({2, 1}, int64_t{6}),
+                 view);
+  CHECK(view.length() == 7);
+  CHECK(torch::equal(view.keys(0)[1].narrow(1, 0, 6), keys[0][3]));
+  CHECK_THROWS_WITH(view.keep_rows({1, 0}), Catch::Contains("ascending"));
+  CHECK_THROWS_WITH(view.keep_rows({2}), Catch::Contains("below 2"));
 }

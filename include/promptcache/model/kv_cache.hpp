@@ -74,6 +74,11 @@ class KVCache {
   // Drops slots [length, old length): used to roll back to a shared prefix.
   void truncate(int64_t length);
 
+  // Keeps only the given batch rows (ascending), in place: row j takes row rows[j]'s filled
+  // slots and the batch shrinks to rows.size(). Nothing is allocated and only moved rows are
+  // copied (a batch drops its finished rows so); slots, positions and provenance are kept.
+  void keep_rows(const std::vector<int64_t>& rows);
+
   // Provenance, for the assembler: records that filled slots [slot, slot + count) hold a copy of
   // stored block `source`, so a later request selecting the same blocks at the same slots can
   // keep them instead of copying again. A record is forgotten as soon as its slots may change
