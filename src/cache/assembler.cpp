@@ -5,6 +5,7 @@
 
 #include "promptcache/error.hpp"
 #include "promptcache/generation.hpp"
+#include "promptcache/model/threads.hpp"
 
 namespace promptcache {
 namespace {
@@ -25,15 +26,20 @@ void copy_block(const torch::Tensor& dst, const torch::Tensor& src) {
   auto* out = static_cast<char*>(dst.data_ptr());
   const auto* in = static_cast<const char*>(src.data_ptr());
   const int64_t item = dst.element_size();
-  for (int64_t l = 0; l < dst.size(0); ++l) {
-    for (int64_t kv = 0; kv < 2; ++kv) {
-      for (int64_t b = 0; b < dst.size(2); ++b) {
-        for (int64_t h = 0; h < dst.size(3); ++h) {
-          const int64_t to =
-              l * dst.stride(0) + kv * dst.stride(1) + b * dst.stride(2) + h * dst.stride(3);
-          const int64_t from = ((l * 2 + kv) * src.size(2) + h) * src.size(3) * src.size(4);
-          std::memcpy(out + to * item, in + from * item, static_cast<std::size_t>(run));
-        }
+  const int64_t blocks = dst.size(0) * 2;  // (layer, K/V) pairs
+  // One core does not saturate memory: a large span is shared out among the kernel threads
+  // (a block per layer and K/V; small spans stay on the calling thread).
+  const int64_t bytes = blocks * dst.size(2) * dst.size(3) * run;
+  const int threads = bytes >= (int64_t{1} << 20) ? kernel_threads() : 1;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+  for (int64_t block = 0; block < blocks; ++block) {
+    const int64_t l = block / 2, kv = block % 2;
+    for (int64_t b = 0; b < dst.size(2); ++b) {
+      for (int64_t h = 0; h < dst.size(3); ++h) {
+        const int64_t to =
+            l * dst.stride(0) + kv * dst.stride(1) + b * dst.stride(2) + h * dst.stride(3);
+        const int64_t from = ((l * 2 + kv) * src.size(2) + h) * src.size(3) * src.size(4);
+        std::memcpy(out + to * item, in + from * item, static_cast<std::size_t>(run));
       }
     }
   }
