@@ -78,7 +78,9 @@ Command register_qa(CLI::App& root) {
               }
               const auto answers = engine->generate_batch(prompts, params);
               for (std::size_t i = 0; i < answers.size(); ++i) {
-                std::cout << "Q: " << o->questions[i] << "\n" << answers[i].text << "\n";
+                std::cout << "Q: " << o->questions[i] << "\n"
+                          << answers[i].text << "\n"
+                          << std::flush;  // before its stats line on stderr
                 std::cerr << fmt::format(
                     "[TTFT {:.1f} ms for the batch; {} cached + {} fresh tokens]\n",
                     answers[i].timings.ttft_ms, answers[i].cached_tokens, answers[i].fresh_tokens);

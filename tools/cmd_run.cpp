@@ -77,7 +77,9 @@ Command register_run(CLI::App& root) {
                   j["prompt"] = o->prompts[i];
                   std::cout << j.dump() << "\n";
                 } else {
-                  std::cout << "--- " << o->prompts[i] << "\n" << responses[i].text << "\n";
+                  std::cout << "--- " << o->prompts[i] << "\n"
+                            << responses[i].text << "\n"
+                            << std::flush;  // before its stats line on stderr
                   if (o->stats) print_stats(responses[i], cached);
                 }
               }

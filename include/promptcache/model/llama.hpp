@@ -42,7 +42,8 @@ struct ForwardOptions {
   // Which slots each new token may attend to: bool [n, cache_length + n], true = visible, or
   // [batch, n, cache_length + n] for a mask per batch row (sequences of different lengths
   // padded into one batch). Every row must see at least one slot (itself, for padding), and
-  // every slot it could see must hold finite values: 0 x NaN would reach the masked rows too.
+  // every slot up to cache_length must hold finite values, masked or not: a masked slot still
+  // enters the attention product with weight 0, and 0 x NaN is NaN.
   // Undefined = every cached slot plus the new tokens causally (ordinary incremental decoding).
   torch::Tensor attention_mask;
 };
