@@ -15,8 +15,7 @@
 //   build/benchmarks/bench_batch [--batch 1,2,4,8] [--docs 8] [--doc-tokens 256] [--select 3]
 //                                [--fresh 16] [--new 16] [--uneven 0|1] [--repeats 3] [--threads N]
 //                                [--shape bench-small] [--device cpu|cuda] [--dtype f32|f16|bf16]
-#include <torch/types.h>
-
+#include <algorithm>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -24,7 +23,6 @@
 #include "bench_common.hpp"
 #include "bench_engine.hpp"
 #include "promptcache/engine.hpp"
-#include "promptcache/model/synthetic.hpp"
 #include "promptcache/model/threads.hpp"
 
 using namespace promptcache;

@@ -27,7 +27,6 @@
 #include "bench_engine.hpp"
 #include "promptcache/engine.hpp"
 #include "promptcache/model/cpu_linear.hpp"
-#include "promptcache/model/synthetic.hpp"
 #include "promptcache/model/threads.hpp"
 
 using namespace promptcache;

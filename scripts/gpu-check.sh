@@ -125,13 +125,22 @@ for suite in model_tests cache_tests contract_tests; do
 done
 log "tests done after $(elapsed)"
 
-# --- bench_ttft in half precision ------------------------------------------------------------
-dtypes=(f16 bf16)
-for dtype in "${dtypes[@]}"; do
-  if "$build/benchmarks/bench_ttft" --device "$device" --dtype "$dtype" --repeats "$repeats" --schema "$schema" \
-      >"$out/bench_ttft_$dtype.jsonl" 2>>"$out/bench.err"; then
-    log "bench_ttft $device $dtype:"
-    python3 - "$out/bench_ttft_$dtype.jsonl" <<'PY' | tee -a "$out/summary.txt"
+# --- benchmarks in half precision ------------------------------------------------------------
+# run_bench LABEL JSONL TABLE COMMAND...: runs a benchmark into JSONL (stderr to bench.err) and
+# prints the table the function TABLE makes of it, or counts a failure.
+run_bench() {
+  local label=$1 jsonl=$2 table=$3
+  shift 3
+  if "$@" >"$jsonl" 2>>"$out/bench.err"; then
+    log "$label:"
+    "$table" "$jsonl" | tee -a "$out/summary.txt"
+  else
+    failures=$((failures + 1))
+    log "$label FAILED: $(tail -3 "$out/bench.err")"
+  fi
+}
+ttft_table() {
+  python3 - "$1" <<'PY'
 import json, sys
 print("schema fresh  uncached_ms  cached_ms  speedup  warm_ms  assembly_ms  assembly/copy  same_token")
 for line in open(sys.argv[1]):
@@ -140,18 +149,9 @@ for line in open(sys.argv[1]):
           f"{j['speedup']:7.1f}x {j['warm_cached_ttft_ms']:8.2f} {j['assembly_ms']:12.3f} "
           f"{j['assembly_to_memcpy']:13.2f}  {j['same_first_token']}")
 PY
-  else
-    failures=$((failures + 1))
-    log "bench_ttft $device $dtype FAILED: $(tail -3 "$out/bench.err")"
-  fi
-done
-# --- bench_batch in f16: prompts with different modules, one batch vs one by one ---------------
-batch_args=()  # a dry run on the CPU (f16 is slow there) runs one small batch
-[ "$device" = cpu ] && batch_args=(--batch 2 --doc-tokens 64 --new 4)
-if "$build/benchmarks/bench_batch" --device "$device" --dtype f16 --repeats "$repeats" \
-    ${batch_args[@]+"${batch_args[@]}"} >"$out/bench_batch_f16.jsonl" 2>>"$out/bench.err"; then
-  log "bench_batch $device f16:"
-  python3 - "$out/bench_batch_f16.jsonl" <<'PY' | tee -a "$out/summary.txt"
+}
+batch_table() {
+  python3 - "$1" <<'PY'
 import json, sys
 print("batch  one_by_one_ms  batch_ms  speedup  last_ttft_one_by_one_ms  batch_ttft_ms  same_tokens")
 for line in open(sys.argv[1]):
@@ -159,9 +159,16 @@ for line in open(sys.argv[1]):
     print(f"{j['batch']:5} {j['sequential_ms']:14.1f} {j['batch_ms']:9.1f} {j['speedup']:7.2f}x "
           f"{j['sequential_last_ttft_ms']:24.1f} {j['batch_ttft_ms']:14.1f}  {j['same_tokens']}")
 PY
-else
-  failures=$((failures + 1))
-  log "bench_batch $device f16 FAILED: $(tail -3 "$out/bench.err")"
-fi
+}
+for dtype in f16 bf16; do
+  run_bench "bench_ttft $device $dtype" "$out/bench_ttft_$dtype.jsonl" ttft_table \
+    "$build/benchmarks/bench_ttft" --device "$device" --dtype "$dtype" --repeats "$repeats" --schema "$schema"
+done
+# Prompts with different modules, one batch vs one by one. A dry run on the CPU (f16 is slow
+# there) runs one small batch.
+batch_args=()
+[ "$device" = cpu ] && batch_args=(--batch 2 --doc-tokens 64 --new 4)
+run_bench "bench_batch $device f16" "$out/bench_batch_f16.jsonl" batch_table \
+  "$build/benchmarks/bench_batch" --device "$device" --dtype f16 --repeats "$repeats" ${batch_args[@]+"${batch_args[@]}"}
 log "done after $(elapsed): $failures failure(s); logs in $out"
 [ "$failures" -eq 0 ]

@@ -52,12 +52,11 @@ class TokenStream {
   // Picks a token from `n` float logits (-1 once the sequence has ended).
   TokenId sample(const float* logits, std::size_t n);
   // Takes the sampled token: stop rules, text, callback. Returns the token to feed to the model
-  // next, or -1 when the sequence has ended (result().stop_reason says why).
+  // next, or -1 when the sequence has ended (take_result().stop_reason says why).
   TokenId accept(TokenId id);
   // Ends the sequence from outside (the KV cache or the context is full).
   void stop(StopReason reason);
   bool done() const { return done_; }
-  const GenerationResult& result() const { return result_; }
   GenerationResult take_result() { return std::move(result_); }
 
  private:

@@ -6,6 +6,29 @@
 #include "promptcache/error.hpp"
 
 namespace promptcache {
+namespace {
+
+// A prompt's no-cache baseline: its whole token sequence as fresh tokens at positions 0..n-1.
+AssembledPrompt baseline_prompt(const pml::ResolvedPrompt& resolved) {
+  if (resolved.baseline.empty()) throw Error(ErrorKind::kPrompt, "the prompt has no tokens");
+  AssembledPrompt a;
+  a.fresh_tokens = resolved.baseline;
+  a.fresh_positions.resize(a.fresh_tokens.size());
+  std::iota(a.fresh_positions.begin(), a.fresh_positions.end(), int64_t{0});
+  a.max_position = static_cast<int64_t>(a.fresh_tokens.size()) - 1;
+  return a;
+}
+
+// Error(kContextOverflow) when `what` needs positions past the model's context.
+void check_context(const AssembledPrompt& a, int64_t limit, const std::string& what) {
+  if (a.max_position >= limit) {
+    throw Error(ErrorKind::kContextOverflow,
+                what + " needs positions up to " + std::to_string(a.max_position) +
+                    " but the model's context is " + std::to_string(limit));
+  }
+}
+
+}  // namespace
 
 Engine::Engine(std::unique_ptr<LlamaModel> model, std::unique_ptr<Tokenizer> tokenizer,
                EngineOptions options)
@@ -120,25 +143,12 @@ Engine::Prefill Engine::prefill(const pml::ResolvedPrompt& resolved, KVCache& ca
     const pml::Layout& lay = layout(resolved.schema);
     out.assembled = Assembler().assemble(resolved, lay, store_, cache, extra_capacity, reuse);
   } else {
-    // The baseline: the same tokens as one ordinary prefill at positions 0..n-1.
+    out.assembled = baseline_prompt(resolved);
     cache.clear();
     cache.reserve(static_cast<int64_t>(resolved.baseline.size()) + extra_capacity);
-    out.assembled.fresh_tokens = resolved.baseline;
-    for (std::size_t i = 0; i < resolved.baseline.size(); ++i) {
-      out.assembled.fresh_positions.push_back(static_cast<int64_t>(i));
-    }
   }
+  check_context(out.assembled, model_->config().max_position_embeddings, "the prompt");
   const auto& fresh = out.assembled.fresh_tokens;
-  if (fresh.empty()) throw Error(ErrorKind::kPrompt, "the prompt has no tokens");
-  const int64_t limit = model_->config().max_position_embeddings;
-  const int64_t last =
-      *std::max_element(out.assembled.fresh_positions.begin(), out.assembled.fresh_positions.end());
-  if (std::max(last, cache.max_position()) >= limit) {
-    throw Error(ErrorKind::kContextOverflow,
-                "the prompt needs positions up to " +
-                    std::to_string(std::max(last, cache.max_position())) +
-                    " but the model's context is " + std::to_string(limit));
-  }
   const double start = now_ms();
   std::vector<int64_t> ids(fresh.begin(), fresh.end());
   auto logits =
@@ -196,29 +206,16 @@ Engine::BatchPrefill Engine::prefill_batch(const std::vector<pml::ResolvedPrompt
     for (const auto& r : resolved) prompts.push_back({&r, &layout(r.schema)});
     batch = Assembler().assemble_batch(prompts, store_, cache, extra_capacity);
   } else {
-    // Each prompt's baseline: its tokens as one ordinary prefill at positions 0..n-1.
     for (const auto& r : resolved) {
-      if (r.baseline.empty()) throw Error(ErrorKind::kPrompt, "the prompt has no tokens");
-      AssembledPrompt a;
-      a.fresh_tokens = r.baseline;
-      for (std::size_t i = 0; i < r.baseline.size(); ++i) {
-        a.fresh_positions.push_back(static_cast<int64_t>(i));
-      }
-      a.max_position = static_cast<int64_t>(r.baseline.size()) - 1;
+      batch.rows.push_back(baseline_prompt(r));
       batch.fresh_slots = std::max(batch.fresh_slots, static_cast<int64_t>(r.baseline.size()));
-      batch.rows.push_back(std::move(a));
     }
     cache.clear();
     cache.reserve(batch.fresh_slots + std::max<int64_t>(extra_capacity, 0));
   }
-  const int64_t limit = model_->config().max_position_embeddings;
   for (int64_t i = 0; i < rows; ++i) {
-    if (batch.rows[i].max_position >= limit) {
-      throw Error(ErrorKind::kContextOverflow,
-                  "prompt " + std::to_string(i + 1) + " of the batch needs positions up to " +
-                      std::to_string(batch.rows[i].max_position) + " but the model's context is " +
-                      std::to_string(limit));
-    }
+    check_context(batch.rows[i], model_->config().max_position_embeddings,
+                  "prompt " + std::to_string(i + 1) + " of the batch");
   }
   // Row i's fresh tokens end at the same slot as every other row's (padding goes first), so the
   // last column of the batch holds every row's last token. A padding token sees only itself.

@@ -96,15 +96,15 @@ void KVCache::truncate(int64_t length) {
 }
 
 void KVCache::keep_rows(const std::vector<int64_t>& rows) {
+  if (rows.empty()) {
+    throw Error(ErrorKind::kInvalidArgument, "KV cache keep_rows: no rows to keep");
+  }
   for (std::size_t j = 0; j < rows.size(); ++j) {
     if (rows[j] < 0 || rows[j] >= shape_.batch || (j > 0 && rows[j] <= rows[j - 1])) {
       throw Error(ErrorKind::kInvalidArgument,
                   "KV cache keep_rows: rows must be ascending batch rows below " +
                       std::to_string(shape_.batch) + ", got " + std::to_string(rows[j]));
     }
-  }
-  if (rows.empty()) {
-    throw Error(ErrorKind::kInvalidArgument, "KV cache keep_rows: no rows to keep");
   }
   for (std::size_t j = 0; j < rows.size(); ++j) {
     const auto to = static_cast<int64_t>(j);
