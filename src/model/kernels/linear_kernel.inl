@@ -16,9 +16,19 @@
 namespace {
 
 using Index = long long;
+// Prefetches go to L2 (locality 2): the next block's rows plus the current block's and the
+// token rows can exceed L1 for wide rows (k = 2048 floats is 8 KiB a row).
+constexpr int kPrefetchLocality = 2;
 
+// Prefetching: while a block multiplies its weight rows it asks for rows of the next block
+// (`next`): those whose index has its bit set in `prefetch_rows`. With several token groups per
+// block, linear_rows spreads the next block's rows over the groups' passes, so memory keeps
+// streaming while the later passes reuse the current rows from L1. Without it the weight GEMMs
+// of a 16-token forward over bench-small took 24 ms instead of 19 (the same calls with the
+// weights in cache: 13 ms); the hardware prefetcher alone does not run far enough ahead.
 template <int R, int T>
-inline void linear_block(const float* x, Index k, const float* w, int rows, float* out, Index ldo) {
+inline void linear_block(const float* x, Index k, const float* w, int rows, float* out, Index ldo,
+                         const float* next, unsigned prefetch_rows) {
   typename Vec::Reg acc[R][T];
   const float* wr[R];
 #pragma GCC unroll 8
@@ -31,6 +41,10 @@ inline void linear_block(const float* x, Index k, const float* w, int rows, floa
   Index i = 0;
   for (; i + Vec::kWidth <= k; i += Vec::kWidth) {
     typename Vec::Reg a[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      if ((prefetch_rows >> r) & 1u) __builtin_prefetch(next + r * k + i, 0, kPrefetchLocality);
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) a[r] = Vec::load(wr[r] + i);
 #pragma GCC unroll 8
@@ -60,12 +74,12 @@ inline void linear_block(const float* x, Index k, const float* w, int rows, floa
 // The last (fewer than kTokens) token rows: picks the block instantiated for exactly that many.
 template <int T>
 inline void linear_block_tail(int tokens, const float* x, Index k, const float* w, int rows,
-                              float* out, Index ldo) {
+                              float* out, Index ldo, const float* next, unsigned prefetch_rows) {
   if constexpr (T > 0) {
     if (tokens == T) {
-      linear_block<Vec::kRows, T>(x, k, w, rows, out, ldo);
+      linear_block<Vec::kRows, T>(x, k, w, rows, out, ldo, next, prefetch_rows);
     } else {
-      linear_block_tail<T - 1>(tokens, x, k, w, rows, out, ldo);
+      linear_block_tail<T - 1>(tokens, x, k, w, rows, out, ldo, next, prefetch_rows);
     }
   }
 }
@@ -73,15 +87,28 @@ inline void linear_block_tail(int tokens, const float* x, Index k, const float* 
 // The entry point each ISA unit exports (signature of kernels::LinearRowsFn).
 void linear_rows(const float* x, Index m, Index k, const float* w, Index n0, Index n1, float* out,
                  Index ldo) {
+  const int passes = static_cast<int>((m + Vec::kTokens - 1) / Vec::kTokens);
   for (Index j = n0; j < n1; j += Vec::kRows) {
     const int rows = static_cast<int>(n1 - j < Vec::kRows ? n1 - j : Vec::kRows);
+    const Index jn = j + Vec::kRows;
+    const int next_rows =
+        static_cast<int>(jn >= n1 ? 0 : (n1 - jn < Vec::kRows ? n1 - jn : Vec::kRows));
+    const float* next = w + jn * k;
+    // Pass p prefetches the next block's rows r with r % passes == p.
+    auto prefetch_rows = [&](int pass) {
+      unsigned bits = 0;
+      for (int r = pass; r < next_rows; r += passes) bits |= 1u << r;
+      return bits;
+    };
     Index t = 0;
-    for (; t + Vec::kTokens <= m; t += Vec::kTokens) {
-      linear_block<Vec::kRows, Vec::kTokens>(x + t * k, k, w + j * k, rows, out + t * ldo + j, ldo);
+    int pass = 0;
+    for (; t + Vec::kTokens <= m; t += Vec::kTokens, ++pass) {
+      linear_block<Vec::kRows, Vec::kTokens>(x + t * k, k, w + j * k, rows, out + t * ldo + j, ldo,
+                                             next, prefetch_rows(pass));
     }
     if (t < m) {
       linear_block_tail<Vec::kTokens - 1>(static_cast<int>(m - t), x + t * k, k, w + j * k, rows,
-                                          out + t * ldo + j, ldo);
+                                          out + t * ldo + j, ldo, next, prefetch_rows(pass));
     }
   }
 }
