@@ -8,7 +8,7 @@
 // buffer still holding its modules, as for a second question over the same documents.
 //
 // --kernels on,off measures both settings of the CPU's small-row paths (linear kernels and
-// split-head attention, PROMPTCACHE_CPU_KERNELS) in one run, one JSON line each. Their repeats
+// fused few-query attention, PROMPTCACHE_CPU_KERNELS) in one run, one JSON line each. Their repeats
 // are interleaved (uncached on, uncached off, uncached on, ...), so drift and load on this shared
 // machine hit both settings alike; times are the best of the repeats, medians are given too.
 //

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "kernels/linear_kernels.hpp"
+#include "kernels/kernels.hpp"
 #include "promptcache/model/threads.hpp"
 
 namespace promptcache {

@@ -12,6 +12,7 @@
 #include <mutex>
 
 #include "promptcache/error.hpp"
+#include "promptcache/model/cpu_attention.hpp"
 #include "promptcache/model/cpu_linear.hpp"
 #include "promptcache/model/safetensors.hpp"
 #include "promptcache/model/threads.hpp"
@@ -60,9 +61,10 @@ torch::Tensor inverse_frequencies(const ModelConfig& c) {
 }
 
 // Whether a model made with `impl` on `device` runs scaled_dot_product_attention. SDPA dispatches
-// to fused (flash / memory-efficient) kernels on CUDA. On the CPU the blocked and split-head
-// attention is faster: with LibTorch 2.6 on bench-small, SDPA made a 2048-token prefill
-// 1.3-1.5x and a cached 2048 + 16 request 1.3-3.6x slower in three runs (docs/benchmarks.md).
+// to fused (flash / memory-efficient) kernels on CUDA. On the CPU the blocked attention and the
+// fused few-query kernel are faster: with LibTorch 2.6 on bench-small, SDPA made a 2048-token
+// prefill 1.3-1.5x and a cached 2048 + 16 request 1.3-3.6x slower in three runs
+// (docs/benchmarks.md).
 bool resolve_sdpa(AttentionImpl impl, const torch::Device& device, const std::string& origin) {
   if (impl == AttentionImpl::kAuto) {
     const char* env = std::getenv("PROMPTCACHE_ATTENTION");
@@ -241,14 +243,15 @@ std::pair<torch::Tensor, torch::Tensor> LlamaModel::rope_tables(
 
 namespace {
 
-// Up to this many fresh tokens, attention on the CPU goes KV head by KV head over threads.
-constexpr int64_t kSplitHeadsMaxTokens = 64;
+// Up to this many fresh tokens, attention on the CPU goes KV head by KV head over threads: through
+// the fused kernel (promptcache/model/cpu_attention.hpp) for f32 heads whose size it takes,
+// otherwise through attend_split_heads below.
+constexpr int64_t kFewQueriesMaxTokens = 64;
 
-// Attention of a few (pre-scaled) query rows per KV head over every slot, the KV heads shared
-// out among `threads` threads. For a question or a decode step over a long assembled cache the
-// work is many small GEMMs and softmaxes per layer; OpenBLAS threads each small GEMM poorly and
-// LibTorch's intra-op pool is kept at one thread, so splitting the heads is about twice as fast.
-// OpenBLAS runs single-threaded meanwhile (each thread makes its own calls).
+// Attention of a few (pre-scaled) query rows per KV head over every slot with library calls, the
+// KV heads shared out among `threads` threads: the fallback of the fused kernel (bf16 on the CPU,
+// head sizes that are not a multiple of 8). OpenBLAS runs single-threaded meanwhile (each thread
+// makes its own calls).
 // qg [b, kv_heads, groups * n, d] (group-major rows), keys/values [b, kv_heads, slots, d],
 // mask [n, slots], [b, n, slots] (one per batch row) or undefined; slots before `open` are seen
 // by every row.
@@ -344,15 +347,21 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
   const int threads = kernel_threads();
   // Only alongside the small-row linear kernels: interleaved with multi-threaded OpenBLAS
   // linears, the two thread pools spin against each other (a 16-token forward ran 2.5x slower).
-  const bool split_heads = q.device().is_cpu() && n <= kSplitHeadsMaxTokens && hkv > 1 &&
-                           threads > 1 && cpu_linear_kernel() != CpuLinearKernel::kNone;
-  if (split_heads) {
+  const bool few_queries = q.device().is_cpu() && n <= kFewQueriesMaxTokens;
+  const bool fused = few_queries && q.scalar_type() == torch::kFloat32 &&
+                     keys.scalar_type() == torch::kFloat32 && cpu_attention_available(d);
+  const bool split_heads = few_queries && !fused && hkv > 1 && threads > 1 &&
+                           cpu_linear_kernel() != CpuLinearKernel::kNone;
+  if (fused) {
+    out = attend_few_queries(q.reshape({b, hkv, groups * n, d}), keys, values, mask,
+                             causal ? past : open_slots, threads);
+  } else if (split_heads) {
     out = attend_split_heads(q.reshape({b, hkv, groups * n, d}), keys, values, mask,
                              causal ? past : open_slots, threads);
   } else if (n > kBlock) {
     out = torch::empty({b, hq, n, d}, q.options());
   }
-  for (int64_t i0 = split_heads ? n : 0; i0 < n; i0 += kBlock) {
+  for (int64_t i0 = fused || split_heads ? n : 0; i0 < n; i0 += kBlock) {
     const int64_t rows = std::min(kBlock, n - i0);
     const int64_t visible = causal ? past + i0 + rows : total;
     auto qb = q.narrow(2, i0, rows).reshape({b, hkv, groups * rows, d});

@@ -8,32 +8,17 @@
 
 #include "promptcache/model/cpu_linear.hpp"
 #include "promptcache/model/threads.hpp"
+#include "support/cpu_kernels.hpp"
 
 using namespace promptcache;
+using test::available_kernels;
+using test::KernelGuard;
 
 namespace {
-
-// Restores the process-wide kernel choice and thread count when a test ends.
-struct KernelGuard {
-  CpuLinearKernel kernel = cpu_linear_kernel();
-  ~KernelGuard() {
-    select_cpu_linear(kernel);
-    set_kernel_threads(hardware_cores());
-  }
-};
 
 double max_rel_error(const torch::Tensor& got, const torch::Tensor& want) {
   const double scale = want.abs().max().item<double>() + 1e-6;
   return (got - want).abs().max().item<double>() / scale;
-}
-
-std::vector<CpuLinearKernel> available_kernels() {
-  std::vector<CpuLinearKernel> out;
-  for (auto k : {CpuLinearKernel::kAvx2, CpuLinearKernel::kAvx512}) {
-    KernelGuard guard;
-    if (select_cpu_linear(k)) out.push_back(k);
-  }
-  return out;
 }
 
 }  // namespace

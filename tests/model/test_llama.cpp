@@ -10,6 +10,7 @@
 #include <random>
 
 #include "promptcache/error.hpp"
+#include "promptcache/model/cpu_attention.hpp"
 #include "promptcache/model/cpu_linear.hpp"
 #include "promptcache/model/llama.hpp"
 #include "promptcache/model/synthetic.hpp"
@@ -268,8 +269,9 @@ TEST_CASE("long prefills (attention in query blocks) equal step-by-step decoding
 
 TEST_CASE("a few fresh tokens after a long prefix: same logits under InferenceMode and kernels off",
           "[llama]") {
-  // 16 tokens after 200 cached ones take the CPU's small-row paths (linear kernels, attention
-  // split over KV heads on threads); InferenceMode in the caller must carry into those threads.
+  // 16 tokens after 200 cached ones take the CPU's small-row paths (linear kernels, the fused
+  // attention KV head by KV head on threads, whose 16-wide heads every kernel takes); InferenceMode
+  // in the caller must carry into those threads. Kernels off is the blocked attention.
   const ModelConfig c = tiny_gqa_config();
   const auto model = LlamaModel::from_tensors(c, random_llama_weights(c, 11, 0.15));
   std::vector<int64_t> head, fresh;
@@ -283,6 +285,7 @@ TEST_CASE("a few fresh tokens after a long prefix: same logits under InferenceMo
     model->forward(ids_tensor(head), torch::arange(200, torch::kInt64), cache);
     return model->forward(ids_tensor(fresh), torch::arange(200, 216, torch::kInt64), cache, all)[0];
   };
+  if (cpu_linear_kernel() != CpuLinearKernel::kNone) REQUIRE(cpu_attention_available(c.head_dim));
   const auto plain = run();
   torch::Tensor under_inference;
   {

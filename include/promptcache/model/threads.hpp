@@ -17,9 +17,9 @@ struct ThreadSettings {
 ThreadSettings configure_threads(int threads = 0, int torch_threads = 0);
 int hardware_cores();
 
-// Threads for the library's own CPU work outside BLAS (the small-row linear kernels, attention
-// of a few fresh tokens split over KV heads). configure_threads sets it to the BLAS width; it
-// starts at hardware_cores().
+// Threads for the library's own CPU work outside BLAS (the small-row linear kernels, the
+// attention of a few fresh tokens, KV head by KV head). configure_threads sets it to the BLAS
+// width; it starts at hardware_cores().
 int kernel_threads();
 void set_kernel_threads(int threads);
 

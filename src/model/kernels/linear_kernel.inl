@@ -1,6 +1,6 @@
 // src/model/kernels/linear_kernel.inl — the small-row linear kernel, written once for any
 // SIMD width. Included only by the per-ISA translation units (linear_avx2.cpp,
-// linear_avx512.cpp), each of which defines `Vec` for its instruction set and is compiled with
+// avx512.cpp), each of which defines `Vec` for its instruction set and is compiled with
 // that instruction set enabled.
 //
 // out[t, j] = sum_i x[t, i] * w[j, i] for a few rows t of x (fresh tokens, one decode token) and

@@ -1,0 +1,107 @@
+#include "promptcache/model/cpu_attention.hpp"
+
+#include <omp.h>
+
+#include <vector>
+
+#include "kernels/kernels.hpp"
+#include "promptcache/error.hpp"
+#include "promptcache/model/cpu_linear.hpp"
+
+namespace promptcache {
+namespace {
+
+struct AttendKernel {
+  kernels::AttendRowsFn fn = nullptr;
+  int64_t width = 0;
+};
+
+// The widest kernel at or below the selected one whose vector width divides the head size
+// (a head of 8, as in stories260K, takes the AVX2 kernel on an AVX-512 processor).
+AttendKernel kernel_for(int64_t head_dim) {
+  const CpuLinearKernel selected = cpu_linear_kernel();
+  if (head_dim <= 0) return {};
+  if (selected == CpuLinearKernel::kAvx512 && kernels::attend_rows_avx512 != nullptr &&
+      head_dim % kernels::kAvx512Width == 0) {
+    return {kernels::attend_rows_avx512, kernels::kAvx512Width};
+  }
+  // Every AVX-512 processor this project has met also has AVX2 + FMA; checked all the same.
+#if defined(__x86_64__)
+  const bool avx2 = selected == CpuLinearKernel::kAvx2 ||
+                    (selected == CpuLinearKernel::kAvx512 && __builtin_cpu_supports("avx2") &&
+                     __builtin_cpu_supports("fma"));
+#else
+  const bool avx2 = false;
+#endif
+  if (avx2 && kernels::attend_rows_avx2 != nullptr && head_dim % kernels::kAvx2Width == 0) {
+    return {kernels::attend_rows_avx2, kernels::kAvx2Width};
+  }
+  return {};
+}
+
+}  // namespace
+
+bool cpu_attention_available(int64_t head_dim) {
+  return kernel_for(head_dim).fn != nullptr;
+}
+
+torch::Tensor attend_few_queries(const torch::Tensor& qg, const torch::Tensor& keys,
+                                 const torch::Tensor& values, const torch::Tensor& mask_in,
+                                 int64_t open, int threads) {
+  const int64_t b = qg.size(0), hkv = qg.size(1), rows = qg.size(2), d = qg.size(3);
+  const int64_t slots = keys.size(2);
+  const AttendKernel kernel = kernel_for(d);
+  const bool dense_rows =
+      keys.stride(3) == 1 && keys.stride(2) == d && values.stride(3) == 1 && values.stride(2) == d;
+  if (kernel.fn == nullptr || !dense_rows || qg.scalar_type() != torch::kFloat32 ||
+      keys.scalar_type() != torch::kFloat32 || values.scalar_type() != torch::kFloat32) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "attend_few_queries: inputs the fused CPU attention does not take");
+  }
+  const auto q = qg.contiguous();
+  auto out = torch::empty({b, hkv, rows, d}, qg.options());
+  torch::Tensor mask;
+  int64_t tokens = rows;
+  if (mask_in.defined()) {
+    mask = mask_in.to(torch::kBool).contiguous();
+    tokens = mask.size(-2);
+  }
+  const float* qp = q.data_ptr<float>();
+  const float* kp = keys.data_ptr<float>();
+  const float* vp = values.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const bool* mp = mask.defined() ? mask.data_ptr<bool>() : nullptr;
+  const int64_t tasks = b * hkv;
+  const int team = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, tasks)));
+#pragma omp parallel num_threads(team)
+  {
+    // Kept per thread between calls: a layer's scratch is a few hundred KB, and a fresh
+    // allocation of that size would be mapped (and page-faulted) anew on every call.
+    thread_local std::vector<float> scratch;
+    const auto need = static_cast<std::size_t>(kernels::attend_scratch_floats(d, slots));
+    if (scratch.size() < need) scratch.resize(need);
+#pragma omp for schedule(static)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t bi = task / hkv, h = task % hkv;
+      kernels::AttendArgs a;
+      a.q = qp + task * rows * d;
+      a.rows = rows;
+      a.d = d;
+      a.k = kp + bi * keys.stride(0) + h * keys.stride(1);
+      a.v = vp + bi * values.stride(0) + h * values.stride(1);
+      a.slots = slots;
+      if (mp != nullptr) {
+        a.mask = mask.dim() == 3 ? mp + bi * tokens * slots : mp;
+        a.mask_ld = slots;
+      }
+      a.tokens = tokens;
+      a.open = open;
+      a.out = op + task * rows * d;
+      a.scratch = scratch.data();
+      kernel.fn(a);
+    }
+  }
+  return out;
+}
+
+}  // namespace promptcache

@@ -1,0 +1,94 @@
+// src/model/kernels/avx2.cpp — the CPU kernels for AVX2 + FMA (8 floats per register).
+// Linear: 3 weight rows x 4 tokens = 12 of the 16 registers hold sums. Attention values:
+// 3 rows x 4 vectors = 12 sums.
+#include "kernels.hpp"
+
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+namespace {
+struct Vec {
+  using Reg = __m256;
+  static constexpr int kWidth = 8, kRows = 3, kTokens = 4, kValueRows = 3, kValueCols = 4,
+                       kScoreRows = 6;
+  static __m256i first(int n) {  // lanes [0, n) set
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lanes);
+  }
+  // dst[i * dst_stride + c] = src[c * src_stride + i] for an 8 x 8 block: 24 shuffles.
+  static void transpose(const float* src, long long src_stride, float* dst, long long dst_stride) {
+    __m256 r[8], t[8];
+    for (int c = 0; c < 8; ++c) r[c] = _mm256_loadu_ps(src + c * src_stride);
+    for (int c = 0; c < 8; c += 2) {
+      t[c] = _mm256_unpacklo_ps(r[c], r[c + 1]);
+      t[c + 1] = _mm256_unpackhi_ps(r[c], r[c + 1]);
+    }
+    for (int c = 0; c < 8; c += 4) {
+      r[c] = _mm256_shuffle_ps(t[c], t[c + 2], _MM_SHUFFLE(1, 0, 1, 0));
+      r[c + 1] = _mm256_shuffle_ps(t[c], t[c + 2], _MM_SHUFFLE(3, 2, 3, 2));
+      r[c + 2] = _mm256_shuffle_ps(t[c + 1], t[c + 3], _MM_SHUFFLE(1, 0, 1, 0));
+      r[c + 3] = _mm256_shuffle_ps(t[c + 1], t[c + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int c = 0; c < 4; ++c) {
+      t[c] = _mm256_permute2f128_ps(r[c], r[c + 4], 0x20);
+      t[c + 4] = _mm256_permute2f128_ps(r[c], r[c + 4], 0x31);
+    }
+    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(dst + i * dst_stride, t[i]);
+  }
+  static Reg zero() { return _mm256_setzero_ps(); }
+  static Reg set1(float x) { return _mm256_set1_ps(x); }
+  static Reg load(const float* p) { return _mm256_loadu_ps(p); }
+  static Reg load_first(const float* p, int n) {  // the first n (< 8) floats, the rest zero
+    return _mm256_maskload_ps(p, first(n));
+  }
+  static void store(float* p, Reg v) { _mm256_storeu_ps(p, v); }
+  static void store_first(float* p, int n, Reg v) { _mm256_maskstore_ps(p, first(n), v); }
+  static Reg keep_first(Reg v, int n) { return _mm256_and_ps(v, _mm256_castsi256_ps(first(n))); }
+  static Reg add(Reg a, Reg b) { return _mm256_add_ps(a, b); }
+  static Reg sub(Reg a, Reg b) { return _mm256_sub_ps(a, b); }
+  static Reg mul(Reg a, Reg b) { return _mm256_mul_ps(a, b); }
+  static Reg max(Reg a, Reg b) { return _mm256_max_ps(a, b); }
+  static Reg fma(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
+  static Reg round(Reg v) {
+    return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  // p * 2^n for integral n in [-126, 127] (the exponent field built directly).
+  static Reg scale2(Reg p, Reg n) {
+    const __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  }
+  static Reg zero_below(Reg x, Reg limit, Reg v) {  // v where x >= limit, else 0
+    return _mm256_and_ps(v, _mm256_cmp_ps(x, limit, _CMP_GE_OQ));
+  }
+  static float sum(Reg v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static float reduce_max(Reg v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+};
+}  // namespace
+
+#include "linear_kernel.inl"
+
+// After linear_kernel.inl: the attention computes a decode step's scores with linear_rows.
+#include "attention_kernel.inl"
+
+namespace promptcache::kernels {
+const LinearRowsFn linear_rows_avx2 = &linear_rows;
+const AttendRowsFn attend_rows_avx2 = &attend_rows;
+static_assert(Vec::kWidth == kAvx2Width);
+}  // namespace promptcache::kernels
+#else
+namespace promptcache::kernels {
+const LinearRowsFn linear_rows_avx2 = nullptr;
+const AttendRowsFn attend_rows_avx2 = nullptr;
+}  // namespace promptcache::kernels
+#endif

@@ -1,0 +1,83 @@
+// src/model/kernels/avx512.cpp — the CPU kernels for AVX-512F (16 floats per register).
+// Linear: 4 weight rows x 6 tokens = 24 of the 32 registers hold sums. Attention values:
+// 6 rows x 4 vectors (a 64-wide head) = 24 sums.
+#include "kernels.hpp"
+
+#if defined(__x86_64__) && defined(__AVX512F__)
+#include <immintrin.h>
+
+namespace {
+struct Vec {
+  using Reg = __m512;
+  static constexpr int kWidth = 16, kRows = 4, kTokens = 6, kValueRows = 6, kValueCols = 4,
+                       kScoreRows = 6;
+  static __mmask16 first(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
+  // dst[i * dst_stride + c] = src[c * src_stride + i] for a 16 x 16 block: 64 shuffles.
+  static void transpose(const float* src, long long src_stride, float* dst, long long dst_stride) {
+    __m512 r[16], t[16];
+    for (int c = 0; c < 16; ++c) r[c] = _mm512_loadu_ps(src + c * src_stride);
+    for (int c = 0; c < 16; c += 2) {  // interleave pairs of rows, 32-bit lanes
+      t[c] = _mm512_unpacklo_ps(r[c], r[c + 1]);
+      t[c + 1] = _mm512_unpackhi_ps(r[c], r[c + 1]);
+    }
+    for (int c = 0; c < 16; c += 4) {  // then 64-bit lanes: 4 x 4 blocks within each 128 bits
+      const auto pd = [](__m512 v) { return _mm512_castps_pd(v); };
+      r[c] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[c]), pd(t[c + 2])));
+      r[c + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[c]), pd(t[c + 2])));
+      r[c + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[c + 1]), pd(t[c + 3])));
+      r[c + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[c + 1]), pd(t[c + 3])));
+    }
+    for (int h = 0; h < 16; h += 8) {  // then 128-bit lanes, twice
+      for (int c = 0; c < 4; ++c) {
+        t[h + c] = _mm512_shuffle_f32x4(r[h + c], r[h + c + 4], 0x88);
+        t[h + c + 4] = _mm512_shuffle_f32x4(r[h + c], r[h + c + 4], 0xdd);
+      }
+    }
+    for (int c = 0; c < 8; ++c) {
+      r[c] = _mm512_shuffle_f32x4(t[c], t[c + 8], 0x88);
+      r[c + 8] = _mm512_shuffle_f32x4(t[c], t[c + 8], 0xdd);
+    }
+    for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * dst_stride, r[i]);
+  }
+  static Reg zero() { return _mm512_setzero_ps(); }
+  static Reg set1(float x) { return _mm512_set1_ps(x); }
+  static Reg load(const float* p) { return _mm512_loadu_ps(p); }
+  static Reg load_first(const float* p, int n) {  // the first n (< 16) floats, the rest zero
+    return _mm512_maskz_loadu_ps(first(n), p);
+  }
+  static void store(float* p, Reg v) { _mm512_storeu_ps(p, v); }
+  static void store_first(float* p, int n, Reg v) { _mm512_mask_storeu_ps(p, first(n), v); }
+  static Reg keep_first(Reg v, int n) { return _mm512_maskz_mov_ps(first(n), v); }
+  static Reg add(Reg a, Reg b) { return _mm512_add_ps(a, b); }
+  static Reg sub(Reg a, Reg b) { return _mm512_sub_ps(a, b); }
+  static Reg mul(Reg a, Reg b) { return _mm512_mul_ps(a, b); }
+  static Reg max(Reg a, Reg b) { return _mm512_max_ps(a, b); }
+  static Reg fma(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
+  static Reg round(Reg v) {
+    return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  static Reg scale2(Reg p, Reg n) { return _mm512_scalef_ps(p, n); }  // p * 2^n
+  static Reg zero_below(Reg x, Reg limit, Reg v) {                    // v where x >= limit, else 0
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, limit, _CMP_GE_OQ), v);
+  }
+  static float sum(Reg v) { return _mm512_reduce_add_ps(v); }
+  static float reduce_max(Reg v) { return _mm512_reduce_max_ps(v); }
+};
+}  // namespace
+
+#include "linear_kernel.inl"
+
+// After linear_kernel.inl: the attention computes a decode step's scores with linear_rows.
+#include "attention_kernel.inl"
+
+namespace promptcache::kernels {
+const LinearRowsFn linear_rows_avx512 = &linear_rows;
+const AttendRowsFn attend_rows_avx512 = &attend_rows;
+static_assert(Vec::kWidth == kAvx512Width);
+}  // namespace promptcache::kernels
+#else
+namespace promptcache::kernels {
+const LinearRowsFn linear_rows_avx512 = nullptr;
+const AttendRowsFn attend_rows_avx512 = nullptr;
+}  // namespace promptcache::kernels
+#endif

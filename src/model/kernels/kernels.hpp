@@ -1,0 +1,56 @@
+// src/model/kernels/kernels.hpp — entry points of the per-ISA CPU kernels: the small-row linear
+// kernel (linear_kernel.inl) and the fused few-query attention (attention_kernel.inl). Private
+// to the library; src/model/cpu_linear.cpp and src/model/cpu_attention.cpp dispatch to them.
+#pragma once
+
+namespace promptcache::kernels {
+
+// out[t * ldo + j] = sum_i x[t * k + i] * w[j * k + i] for t in [0, m) and j in [n0, n1).
+// x is m x k, w is (at least n1) x k, both row-major and dense; f32.
+using LinearRowsFn = void (*)(const float* x, long long m, long long k, const float* w,
+                              long long n0, long long n1, float* out, long long ldo);
+
+// One KV head's attention for a few query rows, f32:
+//   out[r] = softmax_j(q[r] . k[j], over the slots j row r may see) applied to v.
+// Row r belongs to token r % tokens (grouped-query heads stack their rows group-major). Every
+// row sees slots [0, open); a slot j >= open is seen by token i iff mask[i * mask_ld + j], or
+// by all when mask is null. A row that sees no slot gets zeros.
+struct AttendArgs {
+  const float* q = nullptr;  // [rows, d], already scaled by 1/sqrt(d)
+  long long rows = 0, d = 0;
+  const float* k = nullptr;  // [slots, d], row-major
+  const float* v = nullptr;  // [slots, d], row-major
+  long long slots = 0;
+  const bool* mask = nullptr;  // [tokens, mask_ld] or null
+  long long mask_ld = 0, tokens = 1, open = 0;
+  float* out = nullptr;      // [rows, d]
+  float* scratch = nullptr;  // attend_scratch_floats(d, slots) floats
+};
+using AttendRowsFn = void (*)(const AttendArgs& args);
+
+// Query rows the attention kernel takes at a time: its scores for that many rows over every slot
+// live in the scratch buffer.
+constexpr long long kAttendRowChunk = 48;
+// From this many rows on, the scores are computed tile by tile against transposed keys; the
+// widest tile (AVX-512) has 32 keys.
+constexpr long long kAttendTileMinRows = 12;
+constexpr long long kAttendTile = 32;
+// A row of scores is padded to whole tiles.
+constexpr long long attend_score_stride(long long slots) {
+  return (slots + kAttendTile - 1) / kAttendTile * kAttendTile;
+}
+// Scratch floats attend_rows needs for one call: scores, one scale per row, a transposed tile.
+constexpr long long attend_scratch_floats(long long d, long long slots) {
+  return kAttendRowChunk * (attend_score_stride(slots) + 1) + d * kAttendTile;
+}
+
+// Compiled with AVX-512F / with AVX2+FMA enabled; call only where the CPU has them. Null on
+// processors for which these kernels are not built. The attention kernels take only a head
+// size that is a multiple of the vector width (attend_rows_width_*).
+extern const LinearRowsFn linear_rows_avx512;
+extern const LinearRowsFn linear_rows_avx2;
+extern const AttendRowsFn attend_rows_avx512;
+extern const AttendRowsFn attend_rows_avx2;
+constexpr long long kAvx512Width = 16, kAvx2Width = 8;
+
+}  // namespace promptcache::kernels

@@ -1,0 +1,148 @@
+// The fused few-query CPU attention equals softmax(q kᵀ, masked) v computed in double precision
+// for every kernel the processor has, across head sizes, row counts (every register-block and
+// row-chunk tail), slot counts (whole and partial key tiles), masks and thread counts.
+#include <torch/types.h>
+#include "support/catch_torch.hpp"
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "promptcache/model/cpu_attention.hpp"
+#include "promptcache/model/cpu_linear.hpp"
+#include "promptcache/model/threads.hpp"
+#include "support/cpu_kernels.hpp"
+
+using namespace promptcache;
+using test::available_kernels;
+using test::KernelGuard;
+
+namespace {
+
+// qg [b, h, groups * n, d], keys/values [b, h, slots, d], mask [n, slots] / [b, n, slots] or
+// undefined; slots before `open` are visible to every row. Rows that see nothing give zeros.
+torch::Tensor reference(const torch::Tensor& qg, const torch::Tensor& keys,
+                        const torch::Tensor& values, const torch::Tensor& mask, int64_t open) {
+  const int64_t b = qg.size(0), rows = qg.size(2), slots = keys.size(2);
+  auto scores = torch::matmul(qg.to(torch::kFloat64), keys.to(torch::kFloat64).transpose(-1, -2));
+  if (mask.defined()) {
+    const int64_t n = mask.size(-2);
+    auto visible = mask.dim() == 3 ? mask : mask.unsqueeze(0).expand({b, n, slots});
+    visible = visible.clone();
+    visible.narrow(-1, 0, open).fill_(true);
+    // Row g * n + i is token i: repeat the token rows over the groups, broadcast over heads.
+    visible = visible.repeat({1, rows / n, 1}).unsqueeze(1);
+    scores = scores.masked_fill(visible.logical_not(), -std::numeric_limits<double>::infinity());
+  }
+  auto p = scores.softmax(-1).nan_to_num(0.0);  // a row that sees nothing: all -inf, NaN
+  return torch::matmul(p, values.to(torch::kFloat64));
+}
+
+double max_error(const torch::Tensor& got, const torch::Tensor& want) {
+  return (got.to(torch::kFloat64) - want).abs().max().item<double>();
+}
+
+}  // namespace
+
+TEST_CASE("fused CPU attention equals the double-precision reference", "[attention][kernels]") {
+  KernelGuard guard;
+  torch::NoGradGuard no_grad;
+  const auto kernels = available_kernels();
+  if (kernels.empty()) {
+    WARN("this processor has neither AVX2+FMA nor AVX-512F: the fused attention is not built");
+    REQUIRE_FALSE(cpu_attention_available(64));
+    return;
+  }
+  torch::manual_seed(3);
+  std::mt19937 rng(17);
+  int checked = 0;
+  for (auto kernel : kernels) {
+    REQUIRE(select_cpu_linear(kernel));
+    for (int64_t d : {8, 16, 24, 64, 80, 128}) {
+      if (!cpu_attention_available(d)) continue;
+      for (int64_t groups : {1, 3}) {
+        for (int64_t n : {1, 2, 5, 16, 17}) {
+          for (int64_t past : {0, 7, 31, 64, 200}) {
+            const int64_t slots = past + n;
+            const int64_t b = n % 2 == 0 ? 2 : 1, h = 2;
+            // Scaled as the model scales its queries (1/sqrt(d)): scores of std 2.
+            auto q = torch::randn({b, h, groups * n, d}) * (2.0 / std::sqrt(double(d)));
+            auto k = torch::randn({b, h, slots, d});
+            auto v = torch::randn({b, h, slots, d});
+            // Causal over the fresh tokens after `past` open slots (the cached-request case).
+            auto causal = torch::ones({n, slots}, torch::kBool);
+            causal.narrow(1, past, n).copy_(torch::tril(torch::ones({n, n}, torch::kBool)));
+            // Random gaps anywhere after a random open prefix, one mask per batch row.
+            const int64_t open = static_cast<int64_t>(rng() % (past + 1));
+            auto gaps = torch::rand({b, n, slots}) < 0.6;
+            for (int threads : {1, 2, 3}) {
+              INFO(cpu_linear_name(kernel) << " d " << d << " groups " << groups << " n " << n
+                                           << " past " << past << " threads " << threads);
+              auto none = attend_few_queries(q, k, v, torch::Tensor(), slots, threads);
+              REQUIRE(none.sizes() == q.sizes());
+              REQUIRE(max_error(none, reference(q, k, v, torch::Tensor(), slots)) < 1e-5);
+              auto c = attend_few_queries(q, k, v, causal, past, threads);
+              REQUIRE(max_error(c, reference(q, k, v, causal, past)) < 1e-5);
+              auto g = attend_few_queries(q, k, v, gaps, open, threads);
+              REQUIRE(max_error(g, reference(q, k, v, gaps, open)) < 1e-5);
+              checked += 3;
+            }
+          }
+        }
+      }
+    }
+  }
+  REQUIRE(checked >= 2 * 5 * 5 * 3 * 3);
+}
+
+TEST_CASE("fused CPU attention: long rows, large scores and rows that see nothing",
+          "[attention][kernels]") {
+  KernelGuard guard;
+  torch::NoGradGuard no_grad;
+  if (!cpu_attention_available(64)) {
+    WARN("no fused attention for a 64-wide head on this processor or build");
+    return;
+  }
+  torch::manual_seed(5);
+  // 192 rows (3 groups of 64 tokens: several row chunks) over 2100 slots, with scores large
+  // enough (std 32, maxima past 88) that e^s would overflow without subtracting the row maximum.
+  const int64_t n = 64, slots = 2100, d = 64;
+  auto q = torch::randn({1, 2, 3 * n, d}) * 2.0;
+  auto k = torch::randn({1, 2, slots, d}) * 2.0;
+  auto v = torch::randn({1, 2, slots, d});
+  const double top = torch::matmul(q, k.transpose(-1, -2)).abs().max().item<double>();
+  REQUIRE(top > 88.0);
+  auto got = attend_few_queries(q, k, v, torch::Tensor(), slots, 2);
+  REQUIRE(torch::isfinite(got).all().item<bool>());
+  // A score of size s carries an f32 rounding error of about s * 6e-8, which the softmax turns
+  // into a relative error of the weights: the bound grows with the largest score.
+  REQUIRE(max_error(got, reference(q, k, v, torch::Tensor(), slots)) < 1e-5 + 1e-6 * top);
+  // A row whose mask closes every slot after an open prefix of 0 gets zeros, not NaN.
+  auto mask = torch::ones({2, 40}, torch::kBool);
+  mask[1].fill_(false);
+  auto q2 = torch::randn({1, 2, 2, d}), k2 = torch::randn({1, 2, 40, d}),
+       v2 = torch::randn({1, 2, 40, d});
+  auto out = attend_few_queries(q2, k2, v2, mask, 0, 2);
+  REQUIRE(out.select(2, 1).abs().max().item<double>() == 0.0);
+  REQUIRE(max_error(out, reference(q2, k2, v2, mask, 0)) < 1e-5);
+}
+
+TEST_CASE("fused CPU attention is not offered where it does not apply", "[attention][kernels]") {
+  KernelGuard guard;
+  REQUIRE(select_cpu_linear(CpuLinearKernel::kNone));
+  REQUIRE_FALSE(cpu_attention_available(64));
+  auto q = torch::randn({1, 1, 2, 64});
+  auto kv = torch::randn({1, 1, 4, 64});
+  REQUIRE_THROWS(attend_few_queries(q, kv, kv, torch::Tensor(), 4, 1));
+  for (auto k : {CpuLinearKernel::kAvx2, CpuLinearKernel::kAvx512}) {
+    if (!select_cpu_linear(k)) continue;
+    INFO(cpu_linear_name(k));
+    REQUIRE_FALSE(cpu_attention_available(12));  // not a multiple of 8
+    REQUIRE_FALSE(cpu_attention_available(0));
+    REQUIRE(cpu_attention_available(64));
+    // f64 inputs are refused (the model runs another path for them).
+    REQUIRE_THROWS(attend_few_queries(q.to(torch::kFloat64), kv.to(torch::kFloat64),
+                                      kv.to(torch::kFloat64), torch::Tensor(), 4, 1));
+  }
+}
