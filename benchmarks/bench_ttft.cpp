@@ -14,7 +14,7 @@
 //
 //   build/benchmarks/bench_ttft [--schema 512,1024,2048,4096] [--fresh 16,64] [--repeats 3]
 //                               [--threads N] [--shape bench-small] [--device cpu|cuda]
-//                               [--dtype f32|f16|bf16] [--kernels on|off|on,off]
+//                               [--dtype f32|f16|bf16] [--kernels on|off|avx512|avx2,...]
 #include <torch/types.h>
 
 #include <algorithm>
@@ -39,7 +39,8 @@ double best_of(int repeats, const std::function<double()>& f) {
   return best;
 }
 
-// "on": the best small-row kernel this processor has; "off": torch::linear and blocked attention.
+// "on": the best small-row kernel this processor has; "off": torch::linear and blocked attention;
+// "avx512", "avx2": that kernel (an AVX-512 processor can measure its AVX2 path too).
 CpuLinearKernel kernel_setting(const std::string& name) {
   if (name == "off") return CpuLinearKernel::kNone;
   if (name == "on") {
@@ -50,7 +51,14 @@ CpuLinearKernel kernel_setting(const std::string& name) {
                  "kernel; measuring 'off' instead\n";
     return CpuLinearKernel::kNone;
   }
-  std::cerr << "bench_ttft: --kernels takes on, off or on,off, not '" << name << "'\n";
+  for (auto k : {CpuLinearKernel::kAvx512, CpuLinearKernel::kAvx2}) {
+    if (name != cpu_linear_name(k)) continue;
+    if (select_cpu_linear(k)) return k;
+    std::cerr << "bench_ttft: --kernels " << name << ", but this processor or build lacks it\n";
+    std::exit(2);
+  }
+  std::cerr << "bench_ttft: --kernels takes on, off, avx512 or avx2 (comma-separated), not '"
+            << name << "'\n";
   std::exit(2);
 }
 

@@ -6,9 +6,13 @@ cd "$(dirname "$0")/.."
 build=${1:-build}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-# Everything `cmake --install` copies must exist (a no-op after a full build).
-cmake --build "$build" --target promptcache promptcache_cli >"$tmp/lib-build.log" 2>&1 || { tail -30 "$tmp/lib-build.log"; exit 1; }
-cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
+# Installs what the build holds; it does not build. (It used to build the library and CLI first:
+# run by CTest after a source edit, that relinked the CLI while other tests were running it.)
+cmake --install "$build" --prefix "$tmp/prefix" >"$tmp/install.log" 2>&1 || {
+  cat "$tmp/install.log"
+  echo "check-embed: cannot install from $build; build the project first (scripts/build.sh)" >&2
+  exit 1
+}
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 cmake -S examples/embed -B "$tmp/build" -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" \

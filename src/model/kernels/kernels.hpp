@@ -46,7 +46,7 @@ constexpr long long attend_scratch_floats(long long d, long long slots) {
 
 // Compiled with AVX-512F / with AVX2+FMA enabled; call only where the CPU has them. Null on
 // processors for which these kernels are not built. The attention kernels take only a head
-// size that is a multiple of the vector width (attend_rows_width_*).
+// size that is a multiple of the vector width (kAvx512Width, kAvx2Width).
 extern const LinearRowsFn linear_rows_avx512;
 extern const LinearRowsFn linear_rows_avx2;
 extern const AttendRowsFn attend_rows_avx512;
