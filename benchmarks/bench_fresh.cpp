@@ -1,0 +1,192 @@
+// benchmarks/bench_fresh.cpp — where the time of a cached request's fresh forward goes: a few
+// tokens (a question) run through the model over a long filled KV cache (the assembled modules),
+// as Engine::generate does after assembly, plus one decode step over the same cache.
+//
+// For each context size and question length, one JSON line with the whole forward and its parts,
+// each timed on its own with the same calls the forward makes (best of the repeats, ms):
+//   linears_ms    the weight GEMMs of every layer (q, k, v, o, gate, up, down), weights streamed
+//                 from memory layer after layer as in the forward;
+//   lm_head_ms    the last token's logits;
+//   attention_ms  the attention core of every layer over the cache (fused kernel: scores, mask,
+//                 softmax, product with V), only where the fused CPU attention runs;
+//   rest_ms       forward_ms minus the three (norms, RoPE, activations, residuals, mask setup);
+//   weight_gb_s   the bytes of the layer weights over linears_ms.
+// --kernels on,off runs both settings of the CPU's small-row paths, interleaved.
+//
+//   build/benchmarks/bench_fresh [--context 512,2048,4096] [--fresh 16,64] [--repeats 7]
+//                                [--shape bench-small] [--kernels on|off|avx512|avx2,...]
+#include <torch/types.h>
+
+#include <c10/core/InferenceMode.h>
+
+#include <chrono>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench_common.hpp"
+#include "promptcache/model/cpu_attention.hpp"
+#include "promptcache/model/cpu_linear.hpp"
+#include "promptcache/model/llama.hpp"
+#include "promptcache/model/synthetic.hpp"
+#include "promptcache/model/threads.hpp"
+
+namespace pc = promptcache;
+using ordered_json = nlohmann::ordered_json;
+
+namespace {
+
+template <class F>
+std::vector<double> samples_of(int repeats, F&& f) {
+  std::vector<double> out;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    out.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return out;
+}
+
+pc::CpuLinearKernel kernel_setting(const std::string& name) {
+  if (name == "off") return pc::CpuLinearKernel::kNone;
+  for (auto k : {pc::CpuLinearKernel::kAvx512, pc::CpuLinearKernel::kAvx2}) {
+    if ((name == "on" || name == pc::cpu_linear_name(k)) && pc::select_cpu_linear(k)) return k;
+  }
+  std::cerr << "bench_fresh: --kernels " << name
+            << " is not available here (on, off, avx512, avx2)\n";
+  std::exit(2);
+}
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) out.push_back(item);
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  namespace bench = pc::bench;
+  const bench::Flags flags(argc, argv, "bench_fresh",
+                           {"context", "fresh", "repeats", "shape", "kernels"});
+  const auto contexts = flags.list("context", {512, 2048, 4096});
+  const auto fresh_sizes = flags.list("fresh", {16, 64});
+  const int repeats = std::max(1, flags.integer("repeats", 7));
+  const std::string shape = flags.text("shape", "bench-small");
+  std::vector<pc::CpuLinearKernel> settings;
+  for (const auto& name : split(flags.text("kernels", "on")))
+    settings.push_back(kernel_setting(name));
+
+  const auto threads = pc::configure_threads();
+  c10::InferenceMode inference;
+  const pc::ModelConfig c = pc::synthetic_config(shape);
+  std::cerr << "bench_fresh: making " << shape << " weights...\n";
+  const auto weights = pc::random_llama_weights(c, 1);
+  const auto model = pc::LlamaModel::from_tensors(c, weights, {}, shape);
+  const int64_t layers = c.num_hidden_layers, hkv = c.num_key_value_heads, d = c.head_dim;
+  const int64_t groups = c.num_attention_heads / hkv;
+  double weight_bytes = 0;
+  for (const auto& [name, w] : weights) {
+    if (name.find("model.layers.") == 0 && w.dim() == 2) weight_bytes += w.numel() * 4.0;
+  }
+
+  for (int context : contexts) {
+    // The cache holds `context` filled slots (random states: speed does not depend on them).
+    pc::KVCache cache = model->make_cache(context + 128);  // fresh tokens + a decode step
+    for (int64_t l = 0; l < layers; ++l) {
+      cache.key_slots(l, 0, context).normal_();
+      cache.value_slots(l, 0, context).normal_();
+    }
+    std::vector<int64_t> positions(context);
+    for (int64_t i = 0; i < context; ++i) positions[i] = i;
+    cache.fill_external(context, positions);
+
+    for (int fresh : fresh_sizes) {
+      const auto ids = torch::randint(0, c.vocab_size, {fresh}, torch::kInt64);
+      const auto pos = torch::arange(context, context + fresh, torch::kInt64);
+      // The Prompt Cache mask: every cached slot, the fresh tokens causally.
+      auto mask = torch::ones({fresh, context + fresh}, torch::kBool);
+      mask.narrow(1, context, fresh).copy_(torch::tril(torch::ones({fresh, fresh}, torch::kBool)));
+      pc::ForwardOptions options;
+      options.attention_mask = mask;
+      const auto x = torch::randn({1, fresh, c.hidden_size});
+      const auto xo = torch::randn({1, fresh, c.num_attention_heads * d});
+      const auto xf = torch::randn({1, fresh, c.intermediate_size});
+      const auto last = torch::randn({1, 1, c.hidden_size});
+      const auto qg = torch::randn({1, hkv, groups * fresh, d}) / std::sqrt(double(d));
+
+      struct Sample {
+        std::vector<double> forward, decode, linears, lm_head, attention;
+      };
+      std::vector<Sample> samples(settings.size());
+      for (int r = 0; r < repeats; ++r) {
+        for (std::size_t s = 0; s < settings.size(); ++s) {
+          pc::select_cpu_linear(settings[s]);
+          Sample& out = samples[s];
+          out.forward.push_back(
+              samples_of(1, [&] { model->forward(ids, pos, cache, options); })[0]);
+          out.decode.push_back(samples_of(1, [&] {
+            model->forward(ids.narrow(0, 0, 1), torch::tensor({context + fresh}, torch::kInt64),
+                           cache);
+          })[0]);
+          cache.truncate(context);
+          out.linears.push_back(samples_of(1, [&] {
+            for (int64_t l = 0; l < layers; ++l) {
+              const std::string p = "model.layers." + std::to_string(l) + ".";
+              for (const char* name : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                       "mlp.gate_proj", "mlp.up_proj"}) {
+                pc::linear_layer(x, weights.at(p + name + ".weight"));
+              }
+              pc::linear_layer(xo, weights.at(p + "self_attn.o_proj.weight"));
+              pc::linear_layer(xf, weights.at(p + "mlp.down_proj.weight"));
+            }
+          })[0]);
+          out.lm_head.push_back(samples_of(
+              1, [&] { pc::linear_layer(last, weights.at("model.embed_tokens.weight")); })[0]);
+          if (pc::cpu_attention_available(d)) {
+            out.attention.push_back(samples_of(1, [&] {
+              for (int64_t l = 0; l < layers; ++l) {
+                pc::attend_few_queries(qg, cache.key_slots(l, 0, context + fresh),
+                                       cache.value_slots(l, 0, context + fresh), mask, context,
+                                       pc::kernel_threads());
+              }
+            })[0]);
+          }
+        }
+      }
+      for (std::size_t s = 0; s < settings.size(); ++s) {
+        const Sample& v = samples[s];
+        const double forward = bench::best_time(v.forward), linears = bench::best_time(v.linears);
+        const double lm_head = bench::best_time(v.lm_head);
+        ordered_json j;
+        j["bench"] = "fresh";
+        j["shape"] = shape;
+        j["kernels"] = pc::cpu_linear_name(settings[s]);
+        j["context"] = context;
+        j["fresh_tokens"] = fresh;
+        j["forward_ms"] = forward;
+        j["forward_ms_median"] = bench::median_time(v.forward);
+        j["decode_step_ms"] = bench::best_time(v.decode);
+        j["linears_ms"] = linears;
+        j["lm_head_ms"] = lm_head;
+        if (!v.attention.empty()) {
+          const double attention = bench::best_time(v.attention);
+          j["attention_ms"] = attention;
+          j["rest_ms"] = forward - linears - lm_head - attention;
+        } else {
+          j["attention_ms"] = nullptr;
+          j["rest_ms"] = nullptr;
+        }
+        j["weight_gb_s"] = weight_bytes / (linears * 1e6);
+        j["threads"] = threads.blas_threads > 0 ? threads.blas_threads : pc::kernel_threads();
+        std::cout << j.dump() << std::endl;
+      }
+    }
+  }
+  return 0;
+}
