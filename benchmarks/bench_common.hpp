@@ -14,10 +14,21 @@
 
 namespace promptcache::bench {
 
-// "--name value" flags; an unknown flag or one without a value exits with status 2 and says so.
+// "--name value" flags; an unknown flag or one without a value exits with status 2 and says so,
+// --help (or -h) lists the flags and exits with 0. Each benchmark's header comment says what
+// they mean.
 class Flags {
  public:
   Flags(int argc, char** argv, const std::string& program, const std::vector<std::string>& known) {
+    for (int i = 1; i < argc; ++i) {
+      const std::string flag = argv[i];
+      if (flag == "--help" || flag == "-h") {
+        std::cout << "usage: " << program;
+        for (const auto& k : known) std::cout << " [--" << k << " VALUE]";
+        std::cout << "\n(see the comment at the top of benchmarks/" << program << ".cpp)\n";
+        std::exit(0);
+      }
+    }
     for (int i = 1; i < argc; i += 2) {
       const std::string flag = argv[i];
       bool ok = false;
