@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <string>
 #include <vector>
 
 #include "kernels/kernels.hpp"
@@ -48,24 +49,47 @@ bool cpu_attention_available(int64_t head_dim) {
 torch::Tensor attend_few_queries(const torch::Tensor& qg, const torch::Tensor& keys,
                                  const torch::Tensor& values, const torch::Tensor& mask_in,
                                  int64_t open, int threads) {
+  auto refuse = [](const std::string& why) {
+    throw Error(ErrorKind::kInvalidArgument, "attend_few_queries: " + why);
+  };
+  if (qg.dim() != 4 || keys.dim() != 4 || values.dim() != 4) {
+    refuse("queries, keys and values must be [batch, kv_heads, rows or slots, head_dim]");
+  }
   const int64_t b = qg.size(0), hkv = qg.size(1), rows = qg.size(2), d = qg.size(3);
   const int64_t slots = keys.size(2);
-  const AttendKernel kernel = kernel_for(d);
-  const bool dense_rows =
-      keys.stride(3) == 1 && keys.stride(2) == d && values.stride(3) == 1 && values.stride(2) == d;
-  if (kernel.fn == nullptr || !dense_rows || qg.scalar_type() != torch::kFloat32 ||
-      keys.scalar_type() != torch::kFloat32 || values.scalar_type() != torch::kFloat32) {
-    throw Error(ErrorKind::kInvalidArgument,
-                "attend_few_queries: inputs the fused CPU attention does not take");
+  if (keys.sizes() != values.sizes() || keys.size(0) != b || keys.size(1) != hkv ||
+      keys.size(3) != d) {
+    refuse("keys and values must be [batch, kv_heads, slots, head_dim] matching the queries");
   }
-  const auto q = qg.contiguous();
-  auto out = torch::empty({b, hkv, rows, d}, qg.options());
+  if (!qg.device().is_cpu() || !keys.device().is_cpu() || !values.device().is_cpu() ||
+      qg.scalar_type() != torch::kFloat32 || keys.scalar_type() != torch::kFloat32 ||
+      values.scalar_type() != torch::kFloat32) {
+    refuse("takes f32 tensors on the CPU");
+  }
+  const AttendKernel kernel = kernel_for(d);
+  if (kernel.fn == nullptr) {
+    refuse("no fused kernel for a head of " + std::to_string(d) +
+           " with the CPU kernels selected now (" + cpu_linear_name(cpu_linear_kernel()) + ")");
+  }
+  if (keys.stride(3) != 1 || keys.stride(2) != d || values.stride(3) != 1 ||
+      values.stride(2) != d) {
+    refuse("each key and value must be a dense row of head_dim values");
+  }
+  if (open < 0 || open > slots) refuse("open must be within [0, slots]");
   torch::Tensor mask;
   int64_t tokens = rows;
   if (mask_in.defined()) {
-    mask = mask_in.to(torch::kBool).contiguous();
+    const bool shape_ok = (mask_in.dim() == 2 || (mask_in.dim() == 3 && mask_in.size(0) == b)) &&
+                          mask_in.size(-1) == slots && mask_in.size(-2) > 0 &&
+                          rows % mask_in.size(-2) == 0;
+    if (!shape_ok) {
+      refuse("the mask must be [n, slots] or [batch, n, slots], with rows a multiple of n");
+    }
+    mask = mask_in.to(torch::kCPU, torch::kBool).contiguous();
     tokens = mask.size(-2);
   }
+  const auto q = qg.contiguous();
+  auto out = torch::empty({b, hkv, rows, d}, qg.options());
   const float* qp = q.data_ptr<float>();
   const float* kp = keys.data_ptr<float>();
   const float* vp = values.data_ptr<float>();

@@ -141,8 +141,22 @@ TEST_CASE("fused CPU attention is not offered where it does not apply", "[attent
     REQUIRE_FALSE(cpu_attention_available(12));  // not a multiple of 8
     REQUIRE_FALSE(cpu_attention_available(0));
     REQUIRE(cpu_attention_available(64));
-    // f64 inputs are refused (the model runs another path for them).
-    REQUIRE_THROWS(attend_few_queries(q.to(torch::kFloat64), kv.to(torch::kFloat64),
-                                      kv.to(torch::kFloat64), torch::Tensor(), 4, 1));
+    // f64 inputs are refused (the model runs another path for them), and so are shapes that
+    // do not fit together.
+    REQUIRE_THROWS_WITH(attend_few_queries(q.to(torch::kFloat64), kv.to(torch::kFloat64),
+                                           kv.to(torch::kFloat64), torch::Tensor(), 4, 1),
+                        Catch::Contains("f32"));
+    REQUIRE_THROWS_WITH(
+        attend_few_queries(q, kv, torch::randn({1, 1, 5, 64}), torch::Tensor(), 4, 1),
+        Catch::Contains("keys and values"));
+    REQUIRE_THROWS_WITH(attend_few_queries(q, kv, kv, torch::ones({2, 5}, torch::kBool), 4, 1),
+                        Catch::Contains("mask"));
+    REQUIRE_THROWS_WITH(attend_few_queries(q, kv, kv, torch::ones({3, 4}, torch::kBool), 4, 1),
+                        Catch::Contains("mask"));
+    REQUIRE_THROWS_WITH(attend_few_queries(q, kv, kv, torch::Tensor(), 5, 1),
+                        Catch::Contains("open"));
+    REQUIRE_THROWS_WITH(attend_few_queries(q, kv.transpose(2, 3).contiguous().transpose(2, 3), kv,
+                                           torch::Tensor(), 4, 1),
+                        Catch::Contains("dense"));
   }
 }

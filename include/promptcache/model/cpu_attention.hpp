@@ -21,8 +21,8 @@ bool cpu_attention_available(int64_t head_dim);
 // with dense rows of d values (views of the KV cache). mask: [n, slots], [b, n, slots] (one per
 // batch row) or undefined (every slot visible); slots before `open` are seen by every row
 // whatever the mask says. The KV heads are shared out among `threads` threads.
-// Returns [b, kv_heads, rows, d]. Call only when cpu_attention_available(d) and all tensors are
-// f32 on the CPU.
+// Returns [b, kv_heads, rows, d]. Throws Error (kInvalidArgument) for anything else: other
+// dtypes or devices, a head size without a kernel (cpu_attention_available), mismatched shapes.
 torch::Tensor attend_few_queries(const torch::Tensor& qg, const torch::Tensor& keys,
                                  const torch::Tensor& values, const torch::Tensor& mask,
                                  int64_t open, int threads);
