@@ -19,6 +19,7 @@
 
 #include <c10/core/InferenceMode.h>
 
+#include <algorithm>
 #include <chrono>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -97,7 +98,9 @@ int main(int argc, char** argv) {
 
   for (int context : contexts) {
     // The cache holds `context` filled slots (random states: speed does not depend on them).
-    pc::KVCache cache = model->make_cache(context + 128);  // fresh tokens + a decode step
+    // Room for the longest question and a decode step.
+    const int longest = *std::max_element(fresh_sizes.begin(), fresh_sizes.end());
+    pc::KVCache cache = model->make_cache(context + longest + 1);
     for (int64_t l = 0; l < layers; ++l) {
       cache.key_slots(l, 0, context).normal_();
       cache.value_slots(l, 0, context).normal_();

@@ -243,9 +243,10 @@ std::pair<torch::Tensor, torch::Tensor> LlamaModel::rope_tables(
 
 namespace {
 
-// Up to this many fresh tokens, attention on the CPU goes KV head by KV head over threads: through
-// the fused kernel (promptcache/model/cpu_attention.hpp) for f32 heads whose size it takes,
-// otherwise through attend_split_heads below.
+// Attention on the CPU goes KV head by KV head over threads through the fused kernel
+// (promptcache/model/cpu_attention.hpp) for f32 heads whose size it takes. Where it does not
+// apply, up to this many fresh tokens go through attend_split_heads below, longer inputs through
+// the blocked attention.
 constexpr int64_t kFewQueriesMaxTokens = 64;
 
 // Attention of a few (pre-scaled) query rows per KV head over every slot with library calls, the
@@ -299,6 +300,35 @@ torch::Tensor attend_split_heads(const torch::Tensor& qg, const torch::Tensor& k
   return out;
 }
 
+// The fused kernel over q [b, heads, n, d] (scaled) in blocks of kFusedBlockTokens query tokens,
+// each block against the slots it may see: a few fresh tokens are one block; a prefill, a module
+// compile or a long question take several. Against the blocked attention (OpenBLAS GEMMs with
+// single-threaded mask and softmax passes between them), 1024- and 2048-token prefills of
+// bench-small ran 15-20% faster and a 100-token question over 2048 slots 1.5x faster
+// (docs/benchmarks.md).
+constexpr int64_t kFusedBlockTokens = 64;
+
+torch::Tensor attend_fused_blocks(const torch::Tensor& q, const torch::Tensor& keys,
+                                  const torch::Tensor& values, const torch::Tensor& mask,
+                                  bool causal, int64_t past, int64_t open_slots, int threads) {
+  const int64_t b = q.size(0), hq = q.size(1), n = q.size(2), d = q.size(3);
+  const int64_t hkv = keys.size(1), groups = hq / hkv, total = keys.size(2);
+  auto out = torch::empty({b, hq, n, d}, q.options());
+  for (int64_t i0 = 0; i0 < n; i0 += kFusedBlockTokens) {
+    const int64_t rows = std::min(kFusedBlockTokens, n - i0);
+    const int64_t visible = causal ? past + i0 + rows : total;
+    torch::Tensor block_mask;
+    if (mask.defined()) block_mask = mask.narrow(-2, i0, rows).narrow(-1, 0, visible);
+    // Under the causal rule row i0 sees every slot before past + i0.
+    const int64_t open = causal ? past + i0 : std::min(open_slots, visible);
+    auto block = attend_few_queries(q.narrow(2, i0, rows).reshape({b, hkv, groups * rows, d}),
+                                    keys.narrow(2, 0, visible), values.narrow(2, 0, visible),
+                                    block_mask, open, threads);
+    out.narrow(2, i0, rows).copy_(block.view({b, hq, rows, d}));
+  }
+  return out;
+}
+
 }  // namespace
 
 torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const torch::Tensor& x,
@@ -345,16 +375,15 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
   // Scaling the queries costs n x d per head instead of n x slots for the scores.
   q = q * (1.0 / std::sqrt(static_cast<double>(d)));
   const int threads = kernel_threads();
+  // The fused kernel, for a few fresh tokens in one block, for longer inputs block by block.
+  const bool fused = q.device().is_cpu() && q.scalar_type() == torch::kFloat32 &&
+                     keys.scalar_type() == torch::kFloat32 && cpu_attention_available(d);
   // Only alongside the small-row linear kernels: interleaved with multi-threaded OpenBLAS
   // linears, the two thread pools spin against each other (a 16-token forward ran 2.5x slower).
-  const bool few_queries = q.device().is_cpu() && n <= kFewQueriesMaxTokens;
-  const bool fused = few_queries && q.scalar_type() == torch::kFloat32 &&
-                     keys.scalar_type() == torch::kFloat32 && cpu_attention_available(d);
-  const bool split_heads = few_queries && !fused && hkv > 1 && threads > 1 &&
-                           cpu_linear_kernel() != CpuLinearKernel::kNone;
+  const bool split_heads = !fused && q.device().is_cpu() && n <= kFewQueriesMaxTokens && hkv > 1 &&
+                           threads > 1 && cpu_linear_kernel() != CpuLinearKernel::kNone;
   if (fused) {
-    out = attend_few_queries(q.reshape({b, hkv, groups * n, d}), keys, values, mask,
-                             causal ? past : open_slots, threads);
+    out = attend_fused_blocks(q, keys, values, mask, causal, past, open_slots, threads);
   } else if (split_heads) {
     out = attend_split_heads(q.reshape({b, hkv, groups * n, d}), keys, values, mask,
                              causal ? past : open_slots, threads);

@@ -300,6 +300,49 @@ TEST_CASE("a few fresh tokens after a long prefix: same logits under InferenceMo
   REQUIRE((plain - without).abs().max().item<double>() < 1e-4);
 }
 
+TEST_CASE("long inputs: the fused attention in blocks equals the blocked attention", "[llama]") {
+  // With the small-row kernels on, a long input's attention runs the fused kernel in blocks of
+  // 64 query tokens; with them off, the blocked attention (library GEMMs). Both must agree on a
+  // causal prefill over a filled cache and on a Prompt Cache style mask with gaps, several
+  // blocks long, with partial last blocks.
+  const ModelConfig c = tiny_gqa_config();
+  const auto model = LlamaModel::from_tensors(c, random_llama_weights(c, 31, 0.15));
+  if (!cpu_attention_available(c.head_dim)) {
+    WARN("no fused CPU attention here: nothing to compare");
+    return;
+  }
+  std::mt19937 rng(12);
+  std::vector<int64_t> head, tail;
+  for (int i = 0; i < 150; ++i) head.push_back(rng() % c.vocab_size);
+  for (int i = 0; i < 203; ++i) tail.push_back(rng() % c.vocab_size);
+  const int64_t slots = 150 + 203;
+  auto gaps = torch::zeros({203, slots}, torch::kBool);
+  for (int64_t i = 0; i < 203; ++i) {
+    for (int64_t j = 0; j < 150; ++j)
+      gaps[i][j] = (j / 10) % 3 != 1;  // every third run of 10 closed
+    for (int64_t j = 150; j <= 150 + i; ++j) gaps[i][j] = true;
+  }
+  ForwardOptions causal_all;
+  causal_all.all_logits = true;
+  ForwardOptions gapped = causal_all;
+  gapped.attention_mask = gaps;
+  auto run = [&](const ForwardOptions& options) {
+    KVCache cache = model->make_cache(slots);
+    model->forward(ids_tensor(head), torch::arange(150, torch::kInt64), cache);
+    return model->forward(ids_tensor(tail), torch::arange(400, 603, torch::kInt64), cache,
+                          options)[0];
+  };
+  const auto fused_causal = run(causal_all), fused_gapped = run(gapped);
+  const auto kernel = cpu_linear_kernel();
+  REQUIRE(select_cpu_linear(CpuLinearKernel::kNone));
+  const auto blocked_causal = run(causal_all), blocked_gapped = run(gapped);
+  select_cpu_linear(kernel);
+  CHECK((fused_causal - blocked_causal).abs().max().item<double>() < 1e-4);
+  CHECK((fused_gapped - blocked_gapped).abs().max().item<double>() < 1e-4);
+  // The gaps matter: the two masks give different logits.
+  CHECK((fused_causal - fused_gapped).abs().max().item<double>() > 1e-3);
+}
+
 TEST_CASE("SDPA and the blocked attention give the same logits", "[llama][attention]") {
   // kAuto takes SDPA on GPUs and the blocked attention on the CPU; both must agree wherever they
   // run: a long causal prefill (several query blocks), fresh tokens under a custom mask with
