@@ -1,5 +1,6 @@
 // promptcache/model/cpu_attention.hpp — fused attention of a few query rows per KV head on the
-// CPU, for the fresh tokens of a cached request and for decode steps.
+// CPU: the fresh tokens of a cached request, a decode step, and block by block (64 query tokens
+// at a time, in LlamaModel) a prefill or a module compile.
 //
 // Each thread takes whole KV heads and computes scores, mask, softmax and the product with V in
 // one pass over its head's slots (src/model/kernels/attention_kernel.inl), instead of four

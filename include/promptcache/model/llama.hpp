@@ -19,8 +19,8 @@ namespace promptcache {
 
 // How attention is computed. kAuto: LibTorch 2.x's fused scaled_dot_product_attention on GPUs,
 // the library's own attention on the CPU, where it was measured faster (docs/benchmarks.md):
-// query blocks for long inputs and, for up to 64 fresh tokens, the fused few-query kernel of
-// cpu_attention.hpp (both are "blocked" below). With kAuto the environment
+// the fused kernel of cpu_attention.hpp (long inputs in blocks of 64 query tokens), or query
+// blocks of library GEMMs where that kernel does not apply (both are "blocked" below). With kAuto the environment
 // variable PROMPTCACHE_ATTENTION=sdpa|blocked|auto decides instead, for comparisons.
 enum class AttentionImpl { kAuto, kSdpa, kBlocked };
 
@@ -66,8 +66,8 @@ class LlamaModel {
   torch::Dtype dtype() const { return options_.dtype; }
   torch::TensorOptions tensor_options() const;
   // The attention this model runs, resolved from LoadOptions::attention: "sdpa" or "blocked"
-  // (the library's own: on the CPU a few fresh tokens take the fused kernel when
-  // cpu_attention_available(head_dim), with the small-row kernels on).
+  // (the library's own: on the CPU the fused kernel when cpu_attention_available(head_dim), with
+  // the small-row kernels on).
   std::string attention_name() const { return sdpa_ ? "sdpa" : "blocked"; }
 
   // A cache shaped for this model, on its device and dtype.
