@@ -56,13 +56,22 @@ class Flags {
     auto it = values_.find(name);
     if (it == values_.end()) return fallback;
     std::vector<int> out;
-    std::stringstream in(it->second);
-    std::string item;
-    while (std::getline(in, item, ',')) out.push_back(std::stoi(item));
+    for (const auto& item : split_commas(it->second)) out.push_back(std::stoi(item));
     return out;
+  }
+  // A comma-separated list of words: "avx512,off".
+  std::vector<std::string> words(const std::string& name, const std::string& fallback) const {
+    return split_commas(text(name, fallback));
   }
 
  private:
+  static std::vector<std::string> split_commas(const std::string& text) {
+    std::vector<std::string> out;
+    std::stringstream in(text);
+    std::string item;
+    while (std::getline(in, item, ',')) out.push_back(item);
+    return out;
+  }
   std::map<std::string, std::string> values_;
 };
 

@@ -23,11 +23,11 @@
 #include <chrono>
 #include <iostream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "bench_common.hpp"
+#include "bench_kernels.hpp"
 #include "promptcache/model/cpu_attention.hpp"
 #include "promptcache/model/cpu_linear.hpp"
 #include "promptcache/model/llama.hpp"
@@ -39,34 +39,12 @@ using ordered_json = nlohmann::ordered_json;
 
 namespace {
 
+// Wall time of one call of f, ms.
 template <class F>
-std::vector<double> samples_of(int repeats, F&& f) {
-  std::vector<double> out;
-  for (int r = 0; r < repeats; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    out.push_back(
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return out;
-}
-
-pc::CpuLinearKernel kernel_setting(const std::string& name) {
-  if (name == "off") return pc::CpuLinearKernel::kNone;
-  for (auto k : {pc::CpuLinearKernel::kAvx512, pc::CpuLinearKernel::kAvx2}) {
-    if ((name == "on" || name == pc::cpu_linear_name(k)) && pc::select_cpu_linear(k)) return k;
-  }
-  std::cerr << "bench_fresh: --kernels " << name
-            << " is not available here (on, off, avx512, avx2)\n";
-  std::exit(2);
-}
-
-std::vector<std::string> split(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) out.push_back(item);
-  return out;
+double time_ms(F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace
@@ -79,9 +57,7 @@ int main(int argc, char** argv) {
   const auto fresh_sizes = flags.list("fresh", {16, 64});
   const int repeats = std::max(1, flags.integer("repeats", 7));
   const std::string shape = flags.text("shape", "bench-small");
-  std::vector<pc::CpuLinearKernel> settings;
-  for (const auto& name : split(flags.text("kernels", "on")))
-    settings.push_back(kernel_setting(name));
+  const auto settings = bench::kernel_settings("bench_fresh", flags.words("kernels", "on"));
 
   const auto threads = pc::configure_threads();
   c10::InferenceMode inference;
@@ -131,14 +107,13 @@ int main(int argc, char** argv) {
         for (std::size_t s = 0; s < settings.size(); ++s) {
           pc::select_cpu_linear(settings[s]);
           Sample& out = samples[s];
-          out.forward.push_back(
-              samples_of(1, [&] { model->forward(ids, pos, cache, options); })[0]);
-          out.decode.push_back(samples_of(1, [&] {
+          out.forward.push_back(time_ms([&] { model->forward(ids, pos, cache, options); }));
+          out.decode.push_back(time_ms([&] {
             model->forward(ids.narrow(0, 0, 1), torch::tensor({context + fresh}, torch::kInt64),
                            cache);
-          })[0]);
+          }));
           cache.truncate(context);
-          out.linears.push_back(samples_of(1, [&] {
+          out.linears.push_back(time_ms([&] {
             for (int64_t l = 0; l < layers; ++l) {
               const std::string p = "model.layers." + std::to_string(l) + ".";
               for (const char* name : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
@@ -148,17 +123,17 @@ int main(int argc, char** argv) {
               pc::linear_layer(xo, weights.at(p + "self_attn.o_proj.weight"));
               pc::linear_layer(xf, weights.at(p + "mlp.down_proj.weight"));
             }
-          })[0]);
-          out.lm_head.push_back(samples_of(
-              1, [&] { pc::linear_layer(last, weights.at("model.embed_tokens.weight")); })[0]);
+          }));
+          out.lm_head.push_back(
+              time_ms([&] { pc::linear_layer(last, weights.at("model.embed_tokens.weight")); }));
           if (pc::cpu_attention_available(d)) {
-            out.attention.push_back(samples_of(1, [&] {
+            out.attention.push_back(time_ms([&] {
               for (int64_t l = 0; l < layers; ++l) {
                 pc::attend_few_queries(qg, cache.key_slots(l, 0, context + fresh),
                                        cache.value_slots(l, 0, context + fresh), mask, context,
                                        pc::kernel_threads());
               }
-            })[0]);
+            }));
           }
         }
       }

@@ -25,6 +25,7 @@
 
 #include "bench_common.hpp"
 #include "bench_engine.hpp"
+#include "bench_kernels.hpp"
 #include "promptcache/engine.hpp"
 #include "promptcache/model/cpu_linear.hpp"
 #include "promptcache/model/threads.hpp"
@@ -37,29 +38,6 @@ double best_of(int repeats, const std::function<double()>& f) {
   double best = 1e300;
   for (int i = 0; i < repeats; ++i) best = std::min(best, f());
   return best;
-}
-
-// "on": the best small-row kernel this processor has; "off": torch::linear and blocked attention;
-// "avx512", "avx2": that kernel (an AVX-512 processor can measure its AVX2 path too).
-CpuLinearKernel kernel_setting(const std::string& name) {
-  if (name == "off") return CpuLinearKernel::kNone;
-  if (name == "on") {
-    for (auto k : {CpuLinearKernel::kAvx512, CpuLinearKernel::kAvx2}) {
-      if (select_cpu_linear(k)) return k;
-    }
-    std::cerr << "bench_ttft: --kernels on, but this processor or build has no small-row "
-                 "kernel; measuring 'off' instead\n";
-    return CpuLinearKernel::kNone;
-  }
-  for (auto k : {CpuLinearKernel::kAvx512, CpuLinearKernel::kAvx2}) {
-    if (name != cpu_linear_name(k)) continue;
-    if (select_cpu_linear(k)) return k;
-    std::cerr << "bench_ttft: --kernels " << name << ", but this processor or build lacks it\n";
-    std::exit(2);
-  }
-  std::cerr << "bench_ttft: --kernels takes on, off, avx512 or avx2 (comma-separated), not '"
-            << name << "'\n";
-  std::exit(2);
 }
 
 // Samples of one kernel setting for one schema size and question length.
@@ -83,14 +61,10 @@ int main(int argc, char** argv) {
   const std::string shape = flags.text("shape", "bench-small");
   const std::string device = flags.text("device", "cpu"), dtype = flags.text("dtype", "f32");
   const auto applied = configure_threads(threads);
-  std::vector<CpuLinearKernel> kernel_settings;
-  {
-    std::stringstream list(
-        flags.text("kernels", cpu_linear_kernel() == CpuLinearKernel::kNone ? "off" : "on"));
-    std::string item;
-    while (std::getline(list, item, ',')) kernel_settings.push_back(kernel_setting(item));
-    select_cpu_linear(kernel_settings.front());  // for compiling
-  }
+  const auto kernel_settings = bench::kernel_settings(
+      "bench_ttft",
+      flags.words("kernels", cpu_linear_kernel() == CpuLinearKernel::kNone ? "off" : "on"));
+  select_cpu_linear(kernel_settings.front());  // for compiling
   const auto engine_owner = bench::synthetic_engine("bench_ttft", shape, device, dtype);
   Engine& engine = *engine_owner;
   const auto words = bench::corpus_words();
