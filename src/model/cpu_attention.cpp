@@ -85,7 +85,10 @@ torch::Tensor attend_few_queries(const torch::Tensor& qg, const torch::Tensor& k
     if (!shape_ok) {
       refuse("the mask must be [n, slots] or [batch, n, slots], with rows a multiple of n");
     }
-    mask = mask_in.to(torch::kCPU, torch::kBool).contiguous();
+    // A block's rows and visible columns of a larger mask are read in place: only the columns
+    // must be dense.
+    mask = mask_in.to(torch::kCPU, torch::kBool);
+    if (mask.stride(-1) != 1) mask = mask.contiguous();
     tokens = mask.size(-2);
   }
   const auto q = qg.contiguous();
@@ -115,8 +118,8 @@ torch::Tensor attend_few_queries(const torch::Tensor& qg, const torch::Tensor& k
       a.v = vp + bi * values.stride(0) + h * values.stride(1);
       a.slots = slots;
       if (mp != nullptr) {
-        a.mask = mask.dim() == 3 ? mp + bi * tokens * slots : mp;
-        a.mask_ld = slots;
+        a.mask = mask.dim() == 3 ? mp + bi * mask.stride(0) : mp;
+        a.mask_ld = mask.stride(-2);
       }
       a.tokens = tokens;
       a.open = open;

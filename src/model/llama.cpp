@@ -313,6 +313,11 @@ torch::Tensor attend_fused_blocks(const torch::Tensor& q, const torch::Tensor& k
                                   bool causal, int64_t past, int64_t open_slots, int threads) {
   const int64_t b = q.size(0), hq = q.size(1), n = q.size(2), d = q.size(3);
   const int64_t hkv = keys.size(1), groups = hq / hkv, total = keys.size(2);
+  if (n <= kFusedBlockTokens) {  // one block: the kernel's output is the result
+    return attend_few_queries(q.reshape({b, hkv, groups * n, d}), keys, values, mask,
+                              causal ? past : open_slots, threads)
+        .view({b, hq, n, d});
+  }
   auto out = torch::empty({b, hq, n, d}, q.options());
   for (int64_t i0 = 0; i0 < n; i0 += kFusedBlockTokens) {
     const int64_t rows = std::min(kFusedBlockTokens, n - i0);

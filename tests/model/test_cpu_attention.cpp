@@ -126,6 +126,16 @@ TEST_CASE("fused CPU attention: long rows, large scores and rows that see nothin
   auto out = attend_few_queries(q2, k2, v2, mask, 0, 2);
   REQUIRE(out.select(2, 1).abs().max().item<double>() == 0.0);
   REQUIRE(max_error(out, reference(q2, k2, v2, mask, 0)) < 1e-5);
+  // A mask that is a view into a larger one (rows and columns of a block, as the model passes
+  // them) is read in place and gives what its copy gives.
+  auto big = torch::rand({5, 60}) < 0.5;
+  big.narrow(1, 0, 3).fill_(true);
+  auto view = big.narrow(0, 1, 2).narrow(1, 0, 40);
+  REQUIRE_FALSE(view.is_contiguous());
+  REQUIRE(torch::equal(attend_few_queries(q2, k2, v2, view, 3, 2),
+                       attend_few_queries(q2, k2, v2, view.contiguous(), 3, 2)));
+  REQUIRE(max_error(attend_few_queries(q2, k2, v2, view, 3, 2),
+                    reference(q2, k2, v2, view.contiguous(), 3)) < 1e-5);
 }
 
 TEST_CASE("fused CPU attention is not offered where it does not apply", "[attention][kernels]") {
