@@ -48,14 +48,18 @@ torch::Tensor KVCache::value_slots(int64_t layer, int64_t begin, int64_t count) 
 }
 
 void KVCache::write_pending(int64_t layer, const torch::Tensor& k, const torch::Tensor& v) {
-  const int64_t n = k.size(2);
+  auto [keys, values] = pending_slots(layer, k.size(2));
+  keys.copy_(k);
+  values.copy_(v);
+}
+
+std::pair<torch::Tensor, torch::Tensor> KVCache::pending_slots(int64_t layer, int64_t n) const {
   if (length_ + n > shape_.capacity) {
     throw Error(ErrorKind::kContextOverflow,
                 "KV cache full: " + std::to_string(length_) + " + " + std::to_string(n) +
                     " tokens exceed its capacity of " + std::to_string(shape_.capacity));
   }
-  k_.at(layer).narrow(2, length_, n).copy_(k);
-  v_.at(layer).narrow(2, length_, n).copy_(v);
+  return {k_.at(layer).narrow(2, length_, n), v_.at(layer).narrow(2, length_, n)};
 }
 
 void KVCache::commit(const std::vector<int64_t>& positions) {

@@ -14,6 +14,7 @@
 #include "promptcache/error.hpp"
 #include "promptcache/model/cpu_attention.hpp"
 #include "promptcache/model/cpu_linear.hpp"
+#include "promptcache/model/cpu_ops.hpp"
 #include "promptcache/model/safetensors.hpp"
 #include "promptcache/model/threads.hpp"
 
@@ -343,12 +344,28 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
   const int64_t b = x.size(0), n = x.size(1), d = config_.head_dim;
   const int64_t hq = config_.num_attention_heads, hkv = config_.num_key_value_heads;
   const int64_t groups = hq / hkv;
-  auto q = linear_layer(x, layer.wq).view({b, n, hq, d}).transpose(1, 2);
-  auto k = linear_layer(x, layer.wk).view({b, n, hkv, d}).transpose(1, 2);
-  auto v = linear_layer(x, layer.wv).view({b, n, hkv, d}).transpose(1, 2);
-  q = q * cos + rotate_half(q) * sin;
-  k = k * cos + rotate_half(k) * sin;
-  cache.write_pending(index, k, v);
+  // Scaling the queries costs n x d per head instead of n x slots for the scores (SDPA scales
+  // by itself).
+  const double q_scale = 1.0 / std::sqrt(static_cast<double>(d));
+  auto q = linear_layer(x, layer.wq);
+  auto k = linear_layer(x, layer.wk);
+  auto v = linear_layer(x, layer.wv);
+  bool q_scaled = false;
+  if (!sdpa_ && cpu_small_ops_apply(x)) {
+    // One pass: rotated, scaled queries [b, hq, n, d]; keys and values straight into the cache.
+    auto [key_dst, value_dst] = cache.pending_slots(index, n);
+    // cos/sin [b or 1, 1, n, d]: one row of positions may serve the whole batch.
+    q = cpu_rope_into_cache(q, k, v, cos.squeeze(1).expand({b, n, d}),
+                            sin.squeeze(1).expand({b, n, d}), q_scale, key_dst, value_dst);
+    q_scaled = true;
+  } else {
+    q = q.view({b, n, hq, d}).transpose(1, 2);
+    k = k.view({b, n, hkv, d}).transpose(1, 2);
+    v = v.view({b, n, hkv, d}).transpose(1, 2);
+    q = q * cos + rotate_half(q) * sin;
+    k = k * cos + rotate_half(k) * sin;
+    cache.write_pending(index, k, v);
+  }
   const int64_t total = cache.length() + n;
   auto keys = cache.key_slots(index, 0, total);
   auto values = cache.value_slots(index, 0, total);
@@ -377,8 +394,7 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
   // only the keys up to its own last row (half the work of a full square for a long prefill).
   constexpr int64_t kBlock = 256;
   const int64_t past = total - n;
-  // Scaling the queries costs n x d per head instead of n x slots for the scores.
-  q = q * (1.0 / std::sqrt(static_cast<double>(d)));
+  if (!q_scaled) q = q * q_scale;
   const int threads = kernel_threads();
   // The fused kernel, for a few fresh tokens in one block, for longer inputs block by block.
   const bool fused = q.device().is_cpu() && q.scalar_type() == torch::kFloat32 &&
@@ -476,20 +492,27 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
   sin = sin.unsqueeze(1).to(options_.dtype);
 
   auto x = embed_.index_select(0, ids.reshape({-1})).view({b, n, config_.hidden_size});
+  // A few rows on the CPU take the fused elementwise steps (promptcache/model/cpu_ops.hpp).
+  const bool small_ops = !sdpa_ && cpu_small_ops_apply(x);
+  auto norm = [&](const torch::Tensor& t, const torch::Tensor& weight) {
+    return small_ops ? cpu_rms_norm(t, weight, config_.rms_norm_eps)
+                     : rms_norm(t, weight, config_.rms_norm_eps);
+  };
+  // x and the projections' outputs are this forward's own tensors: updated in place.
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     const Layer& layer = layers_[i];
-    x = x + attention(layer, static_cast<int64_t>(i),
-                      rms_norm(x, layer.input_norm, config_.rms_norm_eps), cos, sin, cache, mask,
-                      /*causal=*/!options.attention_mask.defined(), open_slots);
-    auto h = rms_norm(x, layer.post_norm, config_.rms_norm_eps);
-    x = x + linear_layer(torch::silu(linear_layer(h, layer.w_gate)) * linear_layer(h, layer.w_up),
-                         layer.w_down);
+    x.add_(attention(layer, static_cast<int64_t>(i), norm(x, layer.input_norm), cos, sin, cache,
+                     mask, /*causal=*/!options.attention_mask.defined(), open_slots));
+    auto h = norm(x, layer.post_norm);
+    auto gate = linear_layer(h, layer.w_gate);
+    torch::silu_(gate).mul_(linear_layer(h, layer.w_up));
+    x.add_(linear_layer(gate, layer.w_down));
   }
   auto first_row = positions[0].to(torch::kCPU, torch::kInt64).contiguous();
   cache.commit(
       std::vector<int64_t>(first_row.data_ptr<int64_t>(), first_row.data_ptr<int64_t>() + n));
   if (!options.all_logits) x = x.narrow(1, n - 1, 1);
-  x = rms_norm(x, final_norm_, config_.rms_norm_eps);
+  x = norm(x, final_norm_);
   return linear_layer(x, lm_head_).to(torch::kFloat32);
 }
 

@@ -527,3 +527,24 @@ TEST_CASE("a per-row mask must match the batch", "[llama][batch]") {
                                    torch::arange(4, torch::kInt64).repeat({2, 1}), cache, options),
                     Catch::Contains("attention mask must be [4, 4] or [2, 4, 4] but is [3, 4, 4]"));
 }
+
+TEST_CASE("a batch given one row of positions for all its rows equals each row run alone",
+          "[llama][batch]") {
+  // Positions [n] (or [1, n]) serve every row of the batch; a few rows take the CPU's fused
+  // elementwise steps, which must broadcast them as the library operators do.
+  const ModelConfig c = tiny_gqa_config();
+  const auto model = LlamaModel::from_tensors(c, random_llama_weights(c, 23, 0.15));
+  const std::vector<int64_t> r0 = {3, 14, 15, 92, 65}, r1 = {35, 89, 79, 32, 38};
+  auto positions = torch::arange(10, 15, torch::kInt64);
+  ForwardOptions all;
+  all.all_logits = true;
+  auto alone = [&](const std::vector<int64_t>& ids) {
+    KVCache cache = model->make_cache(5);
+    return model->forward(ids_tensor(ids), positions, cache, all)[0];
+  };
+  KVCache batch_cache = model->make_cache(5, 2);
+  auto ids = torch::cat({ids_tensor(r0), ids_tensor(r1)}, 0);
+  auto both = model->forward(ids, positions, batch_cache, all);
+  CHECK((both[0] - alone(r0)).abs().max().item<double>() < 1e-5);
+  CHECK((both[1] - alone(r1)).abs().max().item<double>() < 1e-5);
+}

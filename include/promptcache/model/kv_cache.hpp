@@ -10,6 +10,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace promptcache {
@@ -58,6 +59,9 @@ class KVCache {
   // Writes k, v ([batch, kv_heads, n, head_dim]) into slots [length, length + n) of one layer.
   // The length advances only on commit(), after every layer has written its part.
   void write_pending(int64_t layer, const torch::Tensor& k, const torch::Tensor& v);
+  // The same slots as views ({keys, values}, each [batch, kv_heads, n, head_dim]) for a caller
+  // that writes them itself; throws kContextOverflow as write_pending does when they do not fit.
+  std::pair<torch::Tensor, torch::Tensor> pending_slots(int64_t layer, int64_t n) const;
   // Makes the n pending slots part of the cache and records their position ids.
   void commit(const std::vector<int64_t>& positions);
 
