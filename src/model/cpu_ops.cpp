@@ -54,11 +54,18 @@ torch::Tensor cpu_rms_norm(const torch::Tensor& x_in, const torch::Tensor& weigh
   float* outp = out.data_ptr<float>();
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = xp + r * h;
-    double squares = 0.0;
-    for (int64_t j = 0; j < h; ++j) squares += static_cast<double>(xr[j]) * xr[j];
+    // Eight independent sums: one chain of dependent adds would wait on each add's latency.
+    double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t j = 0;
+    for (; j + 8 <= h; j += 8) {
+      for (int u = 0; u < 8; ++u) part[u] += static_cast<double>(xr[j + u]) * xr[j + u];
+    }
+    for (; j < h; ++j) part[0] += static_cast<double>(xr[j]) * xr[j];
+    const double squares =
+        ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
     const auto inv = static_cast<float>(1.0 / std::sqrt(squares / static_cast<double>(h) + eps));
     float* o = outp + r * h;
-    for (int64_t j = 0; j < h; ++j) o[j] = wp[j] * (xr[j] * inv);
+    for (j = 0; j < h; ++j) o[j] = wp[j] * (xr[j] * inv);
   }
   return out;
 }
