@@ -338,9 +338,10 @@ torch::Tensor attend_fused_blocks(const torch::Tensor& q, const torch::Tensor& k
 }  // namespace
 
 torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const torch::Tensor& x,
-                                    const torch::Tensor& cos, const torch::Tensor& sin,
-                                    KVCache& cache, const torch::Tensor& mask, bool causal,
-                                    int64_t open_slots) const {
+                                    KVCache& cache, const LayerInputs& in) const {
+  const torch::Tensor& mask = in.mask;
+  const bool causal = in.causal;
+  const int64_t open_slots = in.open_slots;
   const int64_t b = x.size(0), n = x.size(1), d = config_.head_dim;
   const int64_t hq = config_.num_attention_heads, hkv = config_.num_key_value_heads;
   const int64_t groups = hq / hkv;
@@ -351,14 +352,13 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
   auto k = linear_layer(x, layer.wk);
   auto v = linear_layer(x, layer.wv);
   bool q_scaled = false;
-  if (!sdpa_ && cpu_small_ops_apply(x)) {
+  if (in.small_ops) {
     // One pass: rotated, scaled queries [b, hq, n, d]; keys and values straight into the cache.
     auto [key_dst, value_dst] = cache.pending_slots(index, n);
-    // cos/sin [b or 1, 1, n, d]: one row of positions may serve the whole batch.
-    q = cpu_rope_into_cache(q, k, v, cos.squeeze(1).expand({b, n, d}),
-                            sin.squeeze(1).expand({b, n, d}), q_scale, key_dst, value_dst);
+    q = cpu_rope_into_cache(q, k, v, in.cos, in.sin, q_scale, key_dst, value_dst);
     q_scaled = true;
   } else {
+    const torch::Tensor &cos = in.cos, &sin = in.sin;
     q = q.view({b, n, hq, d}).transpose(1, 2);
     k = k.view({b, n, hkv, d}).transpose(1, 2);
     v = v.view({b, n, hkv, d}).transpose(1, 2);
@@ -487,22 +487,29 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
     auto rows = torch::arange(n, torch::TensorOptions().device(options_.device)).unsqueeze(1);
     mask = cols.unsqueeze(0) <= rows + past;
   }
-  auto [cos, sin] = rope_tables(positions);   // [b, n, d]
-  cos = cos.unsqueeze(1).to(options_.dtype);  // [b, 1, n, d], broadcast over heads
-  sin = sin.unsqueeze(1).to(options_.dtype);
-
   auto x = embed_.index_select(0, ids.reshape({-1})).view({b, n, config_.hidden_size});
+  LayerInputs in;
   // A few rows on the CPU take the fused elementwise steps (promptcache/model/cpu_ops.hpp).
-  const bool small_ops = !sdpa_ && cpu_small_ops_apply(x);
+  in.small_ops = !sdpa_ && cpu_small_ops_apply(x);
+  in.mask = mask;
+  in.causal = !options.attention_mask.defined();
+  in.open_slots = open_slots;
+  auto [cos, sin] = rope_tables(positions);  // [b or 1, n, d]: one row may serve the batch
+  if (in.small_ops) {
+    in.cos = cos.expand({b, n, config_.head_dim}).contiguous();
+    in.sin = sin.expand({b, n, config_.head_dim}).contiguous();
+  } else {
+    in.cos = cos.unsqueeze(1).to(options_.dtype);
+    in.sin = sin.unsqueeze(1).to(options_.dtype);
+  }
   auto norm = [&](const torch::Tensor& t, const torch::Tensor& weight) {
-    return small_ops ? cpu_rms_norm(t, weight, config_.rms_norm_eps)
-                     : rms_norm(t, weight, config_.rms_norm_eps);
+    return in.small_ops ? cpu_rms_norm(t, weight, config_.rms_norm_eps)
+                        : rms_norm(t, weight, config_.rms_norm_eps);
   };
   // x and the projections' outputs are this forward's own tensors: updated in place.
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     const Layer& layer = layers_[i];
-    x.add_(attention(layer, static_cast<int64_t>(i), norm(x, layer.input_norm), cos, sin, cache,
-                     mask, /*causal=*/!options.attention_mask.defined(), open_slots));
+    x.add_(attention(layer, static_cast<int64_t>(i), norm(x, layer.input_norm), cache, in));
     auto h = norm(x, layer.post_norm);
     auto gate = linear_layer(h, layer.w_gate);
     torch::silu_(gate).mul_(linear_layer(h, layer.w_up));

@@ -92,10 +92,19 @@ class LlamaModel {
     torch::Tensor wq, wk, wv, wo;
     torch::Tensor w_gate, w_up, w_down;
   };
+  // What every layer of one forward shares, decided once per forward.
+  struct LayerInputs {
+    bool small_ops = false;  // the fused elementwise steps of cpu_ops.hpp
+    // RoPE tables: [b, n, d] dense f32 for the fused steps, else [b or 1, 1, n, d] in the
+    // model's dtype (broadcast over the heads).
+    torch::Tensor cos, sin;
+    torch::Tensor mask;  // as ForwardOptions::attention_mask, or the causal mask; may be undefined
+    bool causal = true;  // no mask from the caller: the ordinary causal rule
+    int64_t open_slots = 0;  // leading slots that every new token sees
+  };
   LlamaModel() = default;
-  torch::Tensor attention(const Layer& layer, int64_t index, const torch::Tensor& x,
-                          const torch::Tensor& cos, const torch::Tensor& sin, KVCache& cache,
-                          const torch::Tensor& mask, bool causal, int64_t open_slots) const;
+  torch::Tensor attention(const Layer& layer, int64_t index, const torch::Tensor& x, KVCache& cache,
+                          const LayerInputs& in) const;
 
   ModelConfig config_;
   LoadOptions options_;
