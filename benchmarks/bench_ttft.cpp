@@ -4,8 +4,11 @@
 // fresh-question size, prints one JSON line with the uncached TTFT (the same tokens as one
 // ordinary prefill), the cached TTFT (assemble stored states + run the fresh tokens), the
 // assembly time and its bandwidth next to a plain memcpy of the same bytes measured in the run.
-// The cached TTFT is cold (every span copied); warm_cached_ttft_ms repeats the prompt with the
-// buffer still holding its modules, as for a second question over the same documents.
+// The cached TTFT is cold (nothing kept from the request before) and takes the engine's default:
+// module states read in place from the store where the attention can (f32 on the CPU with the
+// fused kernel), else copied. copied_* columns copy every span (RequestOptions::in_place = false);
+// assembly_ms, kv_bytes and assembly_gbps are theirs. warm_cached_ttft_ms repeats the prompt
+// with the buffer still holding its modules, as for a second question over the same documents.
 //
 // --kernels on,off measures both settings of the CPU's small-row paths (linear kernels and
 // fused few-query attention, PROMPTCACHE_CPU_KERNELS) in one run, one JSON line each. Their repeats
@@ -43,10 +46,10 @@ double best_of(int repeats, const std::function<double()>& f) {
 // Samples of one kernel setting for one schema size and question length.
 struct Samples {
   CpuLinearKernel kernel = CpuLinearKernel::kNone;
-  std::vector<double> uncached, cached, warm;
-  double assembly_ms = 1e300, fresh_prefill_ms = 1e300;
+  std::vector<double> uncached, cached, copied, warm;
+  double assembly_ms = 1e300, in_place_assembly_ms = 1e300, fresh_prefill_ms = 1e300;
   int64_t warm_reused_tokens = 0;  // should be every cached token
-  Response cached_response, uncached_response;
+  Response cached_response, copied_response, uncached_response;
 };
 
 }  // namespace
@@ -70,37 +73,52 @@ int main(int argc, char** argv) {
   const auto words = bench::corpus_words();
   const int module_tokens = 128;
 
-  for (int schema_tokens : schema_sizes) {
-    // BOS + modules of 128 tokens; the last one is shortened so the total is exact.
-    std::ostringstream xml;
-    xml << "<schema name=\"docs" << schema_tokens << "\">";
-    std::size_t from = 0;
-    int remaining = schema_tokens - 1, modules = 0;
-    std::ostringstream prompt_refs;
+  // A document-QA schema `name` of `tokens` tokens: BOS + modules of 128 tokens of the corpus
+  // from word `from` on (the last one shortened so the total is exact). Returns the schema and
+  // the prompt's module references.
+  auto make_schema = [&](const std::string& name, int tokens, std::size_t from) {
+    std::ostringstream xml, refs;
+    xml << "<schema name=\"" << name << "\">";
+    int remaining = tokens - 1, modules = 0;
     while (remaining > 0) {
       const int n = std::min(module_tokens, remaining);
       xml << "<module name=\"d" << modules << "\">"
           << bench::text_of_tokens(engine.tokenizer(), words, from, n) << "</module>";
-      prompt_refs << "<d" << modules << "/>";
+      refs << "<d" << modules << "/>";
       remaining -= n;
       ++modules;
     }
     xml << "</schema>";
+    return std::pair<std::string, std::string>{xml.str(), refs.str()};
+  };
+
+  for (int schema_tokens : schema_sizes) {
+    const std::string name = "docs" + std::to_string(schema_tokens);
+    const auto [xml, refs] = make_schema(name, schema_tokens, 0);
     const double compile_start = now_ms();
-    const auto& layout = engine.add_schema_string(xml.str());
+    const auto& layout = engine.add_schema_string(xml);
     const double compile_ms = now_ms() - compile_start;
+    // Other documents of the same size: a cold request follows one over them (untimed), as a
+    // request that shares nothing with the one before does.
+    const auto [other_xml, other_refs] = make_schema(name + "-other", schema_tokens, 5000);
+    engine.add_schema_string(other_xml);
     for (int fresh : fresh_sizes) {
       std::size_t qfrom = 7;
-      const std::string prompt =
-          "<prompt schema=\"docs" + std::to_string(schema_tokens) + "\">" + prompt_refs.str() +
-          bench::text_of_tokens(engine.tokenizer(), words, qfrom, fresh) + "</prompt>";
+      const std::string question = bench::text_of_tokens(engine.tokenizer(), words, qfrom, fresh);
+      const std::string prompt = "<prompt schema=\"" + name + "\">" + refs + question + "</prompt>";
+      const std::string other_prompt =
+          "<prompt schema=\"" + name + "-other\">" + other_refs + question + "</prompt>";
       SamplingParams one;
       one.max_new_tokens = 1;
       std::vector<Samples> samples(kernel_settings.size());
       for (std::size_t i = 0; i < samples.size(); ++i) samples[i].kernel = kernel_settings[i];
-      // Cold: every span copied into the buffer, as for a request that shares nothing with the
-      // one before. Warm: the same prompt again, the buffer still holding its modules.
-      const RequestOptions cold{true, /*reuse_buffer=*/false};
+      // Cold: after a request over the other documents, in the same mode (in place where the
+      // attention can read so, or with every span copied). Warm: the same prompt again, the
+      // buffer still holding its modules.
+      RequestOptions cold;
+      cold.reuse_buffer = false;
+      RequestOptions copy = cold;
+      copy.in_place = false;
       for (int r = 0; r < repeats; ++r) {
         for (auto& s : samples) {
           select_cpu_linear(s.kernel);
@@ -111,11 +129,17 @@ int main(int argc, char** argv) {
       for (int r = 0; r < repeats + 2; ++r) {
         for (auto& s : samples) {
           select_cpu_linear(s.kernel);
+          engine.generate_xml(other_prompt, one, {}, cold);
           s.cached_response = engine.generate_xml(prompt, one, {}, cold);
           s.cached.push_back(s.cached_response.timings.ttft_ms);
-          s.assembly_ms = std::min(s.assembly_ms, s.cached_response.timings.assembly_ms);
+          s.in_place_assembly_ms =
+              std::min(s.in_place_assembly_ms, s.cached_response.timings.assembly_ms);
           s.fresh_prefill_ms =
               std::min(s.fresh_prefill_ms, s.cached_response.timings.fresh_prefill_ms);
+          engine.generate_xml(other_prompt, one, {}, copy);
+          s.copied_response = engine.generate_xml(prompt, one, {}, copy);
+          s.copied.push_back(s.copied_response.timings.ttft_ms);
+          s.assembly_ms = std::min(s.assembly_ms, s.copied_response.timings.assembly_ms);
           const Response warm = engine.generate_xml(prompt, one);
           s.warm.push_back(warm.timings.ttft_ms);
           s.warm_reused_tokens = warm.reused_tokens;
@@ -123,7 +147,7 @@ int main(int argc, char** argv) {
       }
       // A plain copy of the same number of bytes, same run: memcpy on the CPU, a device-to-device
       // tensor copy on a GPU.
-      const std::size_t bytes = static_cast<std::size_t>(samples[0].cached_response.kv_bytes);
+      const std::size_t bytes = static_cast<std::size_t>(samples[0].copied_response.kv_bytes);
       double memcpy_ms = 0;
       if (engine.model().device().is_cpu()) {
         std::vector<char> src(bytes, 1), dst(bytes, 0);
@@ -149,6 +173,7 @@ int main(int argc, char** argv) {
         const double uncached_ms = bench::best_time(s.uncached),
                      cached_ms = bench::best_time(s.cached);
         const double warm_ms = bench::best_time(s.warm);
+        const double copied_ms = bench::best_time(s.copied);
         const auto& cached = s.cached_response;
         nlohmann::json j = {
             {"bench", "ttft"},
@@ -158,21 +183,26 @@ int main(int argc, char** argv) {
             {"cached_tokens", cached.cached_tokens},
             {"uncached_ttft_ms", uncached_ms},
             {"cached_ttft_ms", cached_ms},
-            {"assembly_ms", s.assembly_ms},
+            {"in_place_tokens", cached.in_place_tokens},
+            {"in_place_assembly_ms", s.in_place_assembly_ms},
             {"fresh_prefill_ms", s.fresh_prefill_ms},
             {"speedup", uncached_ms / cached_ms},
+            {"copied_cached_ttft_ms", copied_ms},
+            {"copied_speedup", uncached_ms / copied_ms},
+            {"assembly_ms", s.assembly_ms},
             {"warm_cached_ttft_ms", warm_ms},
             {"warm_speedup", uncached_ms / warm_ms},
             {"warm_reused_tokens", s.warm_reused_tokens},
             {"uncached_ttft_ms_median", bench::median_time(s.uncached)},
             {"cached_ttft_ms_median", bench::median_time(s.cached)},
             {"speedup_median", bench::median_time(s.uncached) / bench::median_time(s.cached)},
-            {"kv_bytes", cached.kv_bytes},
+            {"kv_bytes", s.copied_response.kv_bytes},
             {"assembly_gbps", bytes / (s.assembly_ms * 1e6)},
             {"memcpy_gbps", bytes / (memcpy_ms * 1e6)},
             {"assembly_to_memcpy", memcpy_ms / s.assembly_ms},
             {"compile_ms", compile_ms},
-            {"same_first_token", cached.tokens == s.uncached_response.tokens},
+            {"same_first_token", cached.tokens == s.uncached_response.tokens &&
+                                     s.copied_response.tokens == s.uncached_response.tokens},
             {"kernels", cpu_linear_name(s.kernel)}};
         j.update(bench::run_facts(engine, device, dtype, applied));
         std::cout << j.dump() << std::endl;

@@ -19,6 +19,7 @@ nlohmann::json response_json(const Response& r, bool cached) {
           {"decode_tokens_per_s", r.timings.decode_tokens_per_s()},
           {"cached_tokens", r.cached_tokens},
           {"reused_tokens", r.reused_tokens},
+          {"in_place_tokens", r.in_place_tokens},
           {"fresh_tokens", r.fresh_tokens},
           {"kv_bytes", r.kv_bytes}};
 }

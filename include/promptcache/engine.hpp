@@ -38,16 +38,20 @@ struct EngineOptions {
 struct RequestOptions {
   bool use_cache = true;
   // Keep the module states the engine's KV buffer still holds from the previous request when
-  // this prompt selects the same leading modules (no copy); false copies every span again.
+  // this prompt selects the same leading modules; false fills every span again.
   bool reuse_buffer = true;
   // generate_batch: once a quarter of the rows still in the batch are finished (and at least 4
   // steps may remain), they are dropped, moving the other rows' states down in place; false
   // keeps every row to the end (for comparison: bench_batch --uneven 1).
   bool drop_finished_rows = true;
+  // Leave module states in the store, read there by the attention, where it can (f32 on the CPU
+  // with the fused kernel; AssembleOptions::in_place); false copies them into the buffer (for
+  // comparison: bench_ttft's copied_* columns). Single prompts only; a batch always copies.
+  bool in_place = true;
 };
 
 struct ResponseTimings {
-  double assembly_ms = 0;       // copying stored states into the KV cache
+  double assembly_ms = 0;       // placing stored states in the KV cache (copies, references)
   double fresh_prefill_ms = 0;  // forward over the fresh (or, without cache, all) tokens
   double ttft_ms = 0;           // request start to first token, prompt resolution included
   double decode_ms = 0;
@@ -60,10 +64,11 @@ struct Response {
   std::vector<TokenId> tokens;
   StopReason stop_reason = StopReason::kMaxTokens;
   ResponseTimings timings;
-  int64_t cached_tokens = 0;  // prompt tokens served from the store
-  int64_t reused_tokens = 0;  // of those, tokens already in the buffer from the previous request
-  int64_t fresh_tokens = 0;   // prompt tokens run through the model
-  int64_t kv_bytes = 0;       // bytes copied into the KV cache
+  int64_t cached_tokens = 0;    // prompt tokens served from the store
+  int64_t reused_tokens = 0;    // of those, tokens already in the buffer from the previous request
+  int64_t in_place_tokens = 0;  // of those, tokens read in place from the store (not copied)
+  int64_t fresh_tokens = 0;     // prompt tokens run through the model
+  int64_t kv_bytes = 0;         // bytes copied into the KV cache (none for in-place tokens)
 };
 
 // Called for every generated token of prompt `index` of a batch, as TokenCallback is for one
@@ -125,9 +130,10 @@ class Engine {
     AssembledPrompt assembled;
     double prefill_ms = 0;
   };
-  // `reuse`: keep spans `cache` already holds from an earlier prefill (Assembler::assemble).
+  // `assembly`: whether spans `cache` already holds from an earlier prefill are kept, and
+  // whether the others are read in place (Assembler::assemble).
   Prefill prefill(const pml::ResolvedPrompt& resolved, KVCache& cache, bool use_cache,
-                  int64_t extra_capacity = 0, bool reuse = true) const;
+                  int64_t extra_capacity = 0, const AssembleOptions& assembly = {}) const;
 
   // A batch's KV cache (batch = prompts) and each prompt's last-position logits.
   struct BatchPrefill {

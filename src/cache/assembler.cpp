@@ -1,48 +1,21 @@
 #include "promptcache/cache/assembler.hpp"
 
 #include <algorithm>
-#include <cstring>
 
 #include "promptcache/error.hpp"
 #include "promptcache/generation.hpp"
-#include "promptcache/model/threads.hpp"
+#include "promptcache/model/cpu_attention.hpp"
 
 namespace promptcache {
 namespace {
 
-// Copies a stored block [layers, 2, kv_heads, n, head_dim] into cache slots
-// [layers, 2, batch, kv_heads, n, head_dim] (every batch row gets it). On the CPU each
-// (layer, K/V, row, head) run of n x head_dim values is contiguous on both sides and goes through
-// memcpy; LibTorch's strided copy_ (single-threaded here) ran at about half of memcpy's rate.
-void copy_block(const torch::Tensor& dst, const torch::Tensor& src) {
-  const bool runs = dst.device().is_cpu() && src.device().is_cpu() &&
-                    dst.scalar_type() == src.scalar_type() && src.is_contiguous() &&
-                    dst.stride(5) == 1 && dst.stride(4) == dst.size(5);
-  if (!runs) {
-    dst.copy_(src.unsqueeze(2));  // one call for the whole span: the batch dimension broadcasts
-    return;
-  }
-  const int64_t run = src.size(3) * src.size(4) * src.element_size();
-  auto* out = static_cast<char*>(dst.data_ptr());
-  const auto* in = static_cast<const char*>(src.data_ptr());
-  const int64_t item = dst.element_size();
-  const int64_t blocks = dst.size(0) * 2;  // (layer, K/V) pairs
-  // One core does not saturate memory: a large span is shared out among the kernel threads
-  // (a block per layer and K/V; small spans stay on the calling thread).
-  const int64_t bytes = blocks * dst.size(2) * dst.size(3) * run;
-  const int threads = bytes >= (int64_t{1} << 20) ? kernel_threads() : 1;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-  for (int64_t block = 0; block < blocks; ++block) {
-    const int64_t l = block / 2, kv = block % 2;
-    for (int64_t b = 0; b < dst.size(2); ++b) {
-      for (int64_t h = 0; h < dst.size(3); ++h) {
-        const int64_t to =
-            l * dst.stride(0) + kv * dst.stride(1) + b * dst.stride(2) + h * dst.stride(3);
-        const int64_t from = ((l * 2 + kv) * src.size(2) + h) * src.size(3) * src.size(4);
-        std::memcpy(out + to * item, in + from * item, static_cast<std::size_t>(run));
-      }
-    }
-  }
+// Whether attention over this cache reads slots held by reference in place: the fused CPU
+// kernel (f32, a head size it takes). Anywhere else the first forward would copy them in
+// anyway, so the assembler copies them itself and the time shows as assembly.
+bool attention_reads_in_place(const KVCache& cache) {
+  return cache.options().device().is_cpu() &&
+         c10::typeMetaToScalarType(cache.options().dtype()) == torch::kFloat32 &&
+         cpu_attention_available(cache.shape().head_dim);
 }
 
 // What one prompt needs: the stored blocks to copy (in slot order) and the fresh tokens.
@@ -118,16 +91,16 @@ Plan plan(const pml::ResolvedPrompt& prompt, const pml::Layout& layout, const Ca
 
 AssembledPrompt Assembler::assemble(const pml::ResolvedPrompt& prompt, const pml::Layout& layout,
                                     const CacheStore& store, KVCache& cache, int64_t extra_capacity,
-                                    bool reuse) const {
+                                    const AssembleOptions& options) const {
   const double start = now_ms();
   Plan p = plan(prompt, layout, store);
   AssembledPrompt out = std::move(p.out);
   const auto& copies = p.copies;
   const int64_t needed = out.cached_tokens + static_cast<int64_t>(out.fresh_tokens.size());
   // The leading spans the cache already holds from an earlier request (same blocks, same slots)
-  // stay; everything after them is dropped and copied anew.
+  // stay; everything after them is dropped and filled anew.
   std::size_t kept = 0;
-  if (reuse) {
+  if (options.reuse) {
     const auto& held = cache.sources();
     while (kept < copies.size() && kept < held.size() && held[kept] == copies[kept].tag()) ++kept;
   }
@@ -135,19 +108,31 @@ AssembledPrompt Assembler::assemble(const pml::ResolvedPrompt& prompt, const pml
       kept == 0 ? 0 : copies[kept - 1].slot + copies[kept - 1].states->length();
   cache.truncate(kept_slots);
   cache.reserve(needed + std::max<int64_t>(extra_capacity, 0));
+  const bool in_place = options.in_place && attention_reads_in_place(cache);
+  bool copied = false;
   for (std::size_t i = kept; i < copies.size(); ++i) {
     const auto& c = copies[i];
-    copy_block(cache.all_slots(c.slot, c.states->length()), c.states->kv);
-    out.kv_bytes += c.states->bytes();
+    const auto first = p.cached_positions.begin() + c.slot;
+    std::vector<int64_t> positions(first, first + c.states->length());
+    // (A block the cache cannot hold as it is, say one a caller built strided, is copied.)
+    if (in_place && c.states->kv.is_contiguous() && c.states->kv.scalar_type() == torch::kFloat32) {
+      cache.append_block(c.states->kv, positions);
+      out.in_place_tokens += c.states->length();
+    } else {
+      cache.write_block(c.slot, c.states->kv);
+      cache.fill_external(c.states->length(), positions);
+      out.kv_bytes += c.states->bytes();
+      copied = true;
+    }
+    cache.tag_source(c.tag());
   }
-  cache.fill_external(
-      p.copied - kept_slots,
-      std::vector<int64_t>(p.cached_positions.begin() + kept_slots, p.cached_positions.end()));
-  for (std::size_t i = kept; i < copies.size(); ++i) cache.tag_source(copies[i].tag());
   // A re-run last token (see plan) leaves its slot to the forward.
-  if (out.cached_tokens < p.copied) cache.truncate(out.cached_tokens);
+  if (out.cached_tokens < p.copied) {
+    cache.truncate(out.cached_tokens);
+    out.in_place_tokens = std::min(out.in_place_tokens, out.cached_tokens - kept_slots);
+  }
   out.reused_tokens = std::min(kept_slots, out.cached_tokens);
-  if (kept < copies.size()) synchronize(cache.all_slots(0, 1));
+  if (copied) synchronize(copies.back().states->kv);
   out.ms = now_ms() - start;
   return out;
 }
@@ -175,7 +160,7 @@ AssembledBatch Assembler::assemble_batch(const std::vector<BatchPrompt>& prompts
   for (int64_t row = 0; row < rows; ++row) {
     Plan& p = plans[row];
     for (const auto& c : p.copies) {
-      copy_block(cache.all_slots(c.slot, c.states->length()).narrow(2, row, 1), c.states->kv);
+      cache.write_block(c.slot, c.states->kv, row);
       p.out.kv_bytes += c.states->bytes();
     }
     // The slots a shorter row leaves empty are zeroed, not left as they were: a masked slot

@@ -136,12 +136,12 @@ pml::ResolvedPrompt Engine::resolve(const pml::Prompt& prompt) const {
 }
 
 Engine::Prefill Engine::prefill(const pml::ResolvedPrompt& resolved, KVCache& cache, bool use_cache,
-                                int64_t extra_capacity, bool reuse) const {
+                                int64_t extra_capacity, const AssembleOptions& assembly) const {
   Prefill out;
   const auto int64 = torch::TensorOptions().dtype(torch::kInt64);
   if (use_cache) {
     const pml::Layout& lay = layout(resolved.schema);
-    out.assembled = Assembler().assemble(resolved, lay, store_, cache, extra_capacity, reuse);
+    out.assembled = Assembler().assemble(resolved, lay, store_, cache, extra_capacity, assembly);
   } else {
     out.assembled = baseline_prompt(resolved);
     cache.clear();
@@ -166,7 +166,8 @@ Response Engine::generate(const pml::Prompt& prompt, const SamplingParams& param
   const pml::ResolvedPrompt resolved = resolve(prompt);
   const int64_t extra = params.max_new_tokens;
   if (buffer_.layers() == 0) buffer_ = model_->make_cache(0);
-  Prefill pre = prefill(resolved, buffer_, request.use_cache, extra, request.reuse_buffer);
+  Prefill pre = prefill(resolved, buffer_, request.use_cache, extra,
+                        AssembleOptions{request.reuse_buffer, request.in_place});
   GenerationTimings gt;
   gt.prefill_ms = pre.prefill_ms;
   gt.prefill_tokens = static_cast<int64_t>(pre.assembled.fresh_tokens.size());
@@ -185,6 +186,7 @@ Response Engine::generate(const pml::Prompt& prompt, const SamplingParams& param
   r.timings.decode_tokens = result.timings.decode_tokens;
   r.cached_tokens = pre.assembled.cached_tokens;
   r.reused_tokens = pre.assembled.reused_tokens;
+  r.in_place_tokens = pre.assembled.in_place_tokens;
   r.fresh_tokens = static_cast<int64_t>(pre.assembled.fresh_tokens.size());
   r.kv_bytes = pre.assembled.kv_bytes;
   return r;

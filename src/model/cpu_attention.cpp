@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -46,34 +47,60 @@ bool cpu_attention_available(int64_t head_dim) {
   return kernel_for(head_dim).fn != nullptr;
 }
 
+std::vector<KVSegment> first_slots(const std::vector<KVSegment>& segments, int64_t count) {
+  std::vector<KVSegment> out;
+  for (const auto& s : segments) {
+    if (count <= 0) break;
+    const int64_t take = std::min(count, s.slots());
+    out.push_back(
+        take == s.slots() ? s : KVSegment{s.keys.narrow(2, 0, take), s.values.narrow(2, 0, take)});
+    count -= take;
+  }
+  return out;
+}
+
 torch::Tensor attend_few_queries(const torch::Tensor& qg, const torch::Tensor& keys,
-                                 const torch::Tensor& values, const torch::Tensor& mask_in,
+                                 const torch::Tensor& values, const torch::Tensor& mask,
                                  int64_t open, int threads) {
+  return attend_few_queries(qg, std::vector<KVSegment>{{keys, values}}, mask, open, threads);
+}
+
+torch::Tensor attend_few_queries(const torch::Tensor& qg, const std::vector<KVSegment>& segments,
+                                 const torch::Tensor& mask_in, int64_t open, int threads) {
   auto refuse = [](const std::string& why) {
     throw Error(ErrorKind::kInvalidArgument, "attend_few_queries: " + why);
   };
-  if (qg.dim() != 4 || keys.dim() != 4 || values.dim() != 4) {
-    refuse("queries, keys and values must be [batch, kv_heads, rows or slots, head_dim]");
-  }
+  if (qg.dim() != 4) refuse("queries must be [batch, kv_heads, rows, head_dim]");
+  if (segments.empty()) refuse("needs at least one run of slots");
   const int64_t b = qg.size(0), hkv = qg.size(1), rows = qg.size(2), d = qg.size(3);
-  const int64_t slots = keys.size(2);
-  if (keys.sizes() != values.sizes() || keys.size(0) != b || keys.size(1) != hkv ||
-      keys.size(3) != d) {
-    refuse("keys and values must be [batch, kv_heads, slots, head_dim] matching the queries");
-  }
-  if (!qg.device().is_cpu() || !keys.device().is_cpu() || !values.device().is_cpu() ||
-      qg.scalar_type() != torch::kFloat32 || keys.scalar_type() != torch::kFloat32 ||
-      values.scalar_type() != torch::kFloat32) {
+  if (!qg.device().is_cpu() || qg.scalar_type() != torch::kFloat32) {
     refuse("takes f32 tensors on the CPU");
+  }
+  int64_t slots = 0;
+  for (const auto& s : segments) {
+    const auto& k = s.keys;
+    const auto& v = s.values;
+    if (!k.defined() || !v.defined() || k.dim() != 4 || k.sizes() != v.sizes()) {
+      refuse("keys and values must be [batch, kv_heads, slots, head_dim] of the same shape");
+    }
+    if ((k.size(0) != b && k.size(0) != 1) || k.size(1) != hkv || k.size(3) != d) {
+      refuse(
+          "keys and values must be [batch or 1, kv_heads, slots, head_dim] matching the "
+          "queries");
+    }
+    if (!k.device().is_cpu() || !v.device().is_cpu() || k.scalar_type() != torch::kFloat32 ||
+        v.scalar_type() != torch::kFloat32) {
+      refuse("takes f32 tensors on the CPU");
+    }
+    if (k.stride(3) != 1 || k.stride(2) != d || v.stride(3) != 1 || v.stride(2) != d) {
+      refuse("each key and value must be a dense row of head_dim values");
+    }
+    slots += k.size(2);
   }
   const AttendKernel kernel = kernel_for(d);
   if (kernel.fn == nullptr) {
     refuse("no fused kernel for a head of " + std::to_string(d) +
            " with the CPU kernels selected now (" + cpu_linear_name(cpu_linear_kernel()) + ")");
-  }
-  if (keys.stride(3) != 1 || keys.stride(2) != d || values.stride(3) != 1 ||
-      values.stride(2) != d) {
-    refuse("each key and value must be a dense row of head_dim values");
   }
   if (open < 0 || open > slots) refuse("open must be within [0, slots]");
   torch::Tensor mask;
@@ -91,11 +118,22 @@ torch::Tensor attend_few_queries(const torch::Tensor& qg, const torch::Tensor& k
     if (mask.stride(-1) != 1) mask = mask.contiguous();
     tokens = mask.size(-2);
   }
+  // Where each run's head (batch row 0, head 0) starts, and its batch and head strides (batch
+  // stride 0 for a run shared by every batch row).
+  struct Run {
+    const float *k, *v;
+    int64_t slots, k_batch, k_head, v_batch, v_head;
+  };
+  std::vector<Run> runs;
+  for (const auto& s : segments) {
+    const bool shared = s.keys.size(0) == 1;
+    runs.push_back({s.keys.data_ptr<float>(), s.values.data_ptr<float>(), s.keys.size(2),
+                    shared ? 0 : s.keys.stride(0), s.keys.stride(1),
+                    shared ? 0 : s.values.stride(0), s.values.stride(1)});
+  }
   const auto q = qg.contiguous();
   auto out = torch::empty({b, hkv, rows, d}, qg.options());
   const float* qp = q.data_ptr<float>();
-  const float* kp = keys.data_ptr<float>();
-  const float* vp = values.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const bool* mp = mask.defined() ? mask.data_ptr<bool>() : nullptr;
   const int64_t tasks = b * hkv;
@@ -105,17 +143,24 @@ torch::Tensor attend_few_queries(const torch::Tensor& qg, const torch::Tensor& k
     // Kept per thread between calls: a layer's scratch is a few hundred KB, and a fresh
     // allocation of that size would be mapped (and page-faulted) anew on every call.
     thread_local std::vector<float> scratch;
+    thread_local std::vector<kernels::AttendSegment> heads;
     const auto need = static_cast<std::size_t>(kernels::attend_scratch_floats(d, slots));
     if (scratch.size() < need) scratch.resize(need);
+    heads.resize(runs.size());
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t bi = task / hkv, h = task % hkv;
+      for (std::size_t s = 0; s < runs.size(); ++s) {
+        const Run& run = runs[s];
+        heads[s] = {run.k + bi * run.k_batch + h * run.k_head,
+                    run.v + bi * run.v_batch + h * run.v_head, run.slots};
+      }
       kernels::AttendArgs a;
       a.q = qp + task * rows * d;
       a.rows = rows;
       a.d = d;
-      a.k = kp + bi * keys.stride(0) + h * keys.stride(1);
-      a.v = vp + bi * values.stride(0) + h * values.stride(1);
+      a.segments = heads.data();
+      a.segment_count = static_cast<long long>(heads.size());
       a.slots = slots;
       if (mp != nullptr) {
         a.mask = mask.dim() == 3 ? mp + bi * mask.stride(0) : mp;

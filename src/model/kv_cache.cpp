@@ -1,10 +1,50 @@
 #include "promptcache/model/kv_cache.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 #include "promptcache/error.hpp"
+#include "promptcache/model/threads.hpp"
 
 namespace promptcache {
+namespace {
+
+// Copies a block [layers, 2, kv_heads, n, head_dim] into dst [layers, 2, batch, kv_heads, n,
+// head_dim] (every batch row gets it). On the CPU each (layer, K/V, row, head) run of
+// n x head_dim values is contiguous on both sides and goes through memcpy; LibTorch's strided
+// copy_ (single-threaded here) ran at about half of memcpy's rate.
+void copy_block(const torch::Tensor& dst, const torch::Tensor& src) {
+  const bool runs = dst.device().is_cpu() && src.device().is_cpu() &&
+                    dst.scalar_type() == src.scalar_type() && src.is_contiguous() &&
+                    dst.stride(5) == 1 && dst.stride(4) == dst.size(5);
+  if (!runs) {
+    dst.copy_(src.unsqueeze(2));  // one call for the whole span: the batch dimension broadcasts
+    return;
+  }
+  const int64_t run = src.size(3) * src.size(4) * src.element_size();
+  auto* out = static_cast<char*>(dst.data_ptr());
+  const auto* in = static_cast<const char*>(src.data_ptr());
+  const int64_t item = dst.element_size();
+  const int64_t blocks = dst.size(0) * 2;  // (layer, K/V) pairs
+  // One core does not saturate memory: a large span is shared out among the kernel threads
+  // (a block per layer and K/V; small spans stay on the calling thread).
+  const int64_t bytes = blocks * dst.size(2) * dst.size(3) * run;
+  const int threads = bytes >= (int64_t{1} << 20) ? kernel_threads() : 1;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+  for (int64_t block = 0; block < blocks; ++block) {
+    const int64_t l = block / 2, kv = block % 2;
+    for (int64_t b = 0; b < dst.size(2); ++b) {
+      for (int64_t h = 0; h < dst.size(3); ++h) {
+        const int64_t to =
+            l * dst.stride(0) + kv * dst.stride(1) + b * dst.stride(2) + h * dst.stride(3);
+        const int64_t from = ((l * 2 + kv) * src.size(2) + h) * src.size(3) * src.size(4);
+        std::memcpy(out + to * item, in + from * item, static_cast<std::size_t>(run));
+      }
+    }
+  }
+}
+
+}  // namespace
 
 KVCache::KVCache(const KVCacheShape& shape, torch::TensorOptions options)
     : shape_(shape), options_(options) {
@@ -30,21 +70,108 @@ void KVCache::allocate(int64_t capacity) {
 }
 
 torch::Tensor KVCache::all_slots(int64_t begin, int64_t count) const {
+  materialize(begin, begin + count);
   return all_.narrow(4, begin, count);
 }
 
 torch::Tensor KVCache::keys(int64_t layer) const {
+  materialize(0, length_);
   return k_.at(layer).narrow(2, 0, length_);
 }
 torch::Tensor KVCache::values(int64_t layer) const {
+  materialize(0, length_);
   return v_.at(layer).narrow(2, 0, length_);
 }
 
 torch::Tensor KVCache::key_slots(int64_t layer, int64_t begin, int64_t count) const {
+  materialize(begin, begin + count);
   return k_.at(layer).narrow(2, begin, count);
 }
 torch::Tensor KVCache::value_slots(int64_t layer, int64_t begin, int64_t count) const {
+  materialize(begin, begin + count);
   return v_.at(layer).narrow(2, begin, count);
+}
+
+void KVCache::write_block(int64_t slot, const torch::Tensor& block, int64_t row) {
+  const bool shape_ok = block.dim() == 5 && block.size(0) == shape_.layers && block.size(1) == 2 &&
+                        block.size(2) == shape_.kv_heads && block.size(4) == shape_.head_dim;
+  if (!shape_ok) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "KV cache write_block: a block must be [layers, 2, kv_heads, n, head_dim] = [" +
+                    std::to_string(shape_.layers) + ", 2, " + std::to_string(shape_.kv_heads) +
+                    ", n, " + std::to_string(shape_.head_dim) + "]");
+  }
+  const int64_t n = block.size(3);
+  if (slot < 0 || slot + n > shape_.capacity || row >= shape_.batch) {
+    throw Error(ErrorKind::kInvalidArgument, "KV cache write_block outside the buffer");
+  }
+  materialize(slot, slot + n);  // a held run there would otherwise shadow what is written
+  auto dst = all_.narrow(4, slot, n);
+  if (row >= 0) dst = dst.narrow(2, row, 1);
+  copy_block(dst, block);
+}
+
+void KVCache::append_block(const torch::Tensor& block, const std::vector<int64_t>& positions) {
+  const auto n = static_cast<int64_t>(positions.size());
+  const bool shape_ok = block.dim() == 5 && block.size(0) == shape_.layers && block.size(1) == 2 &&
+                        block.size(2) == shape_.kv_heads && block.size(3) == n &&
+                        block.size(4) == shape_.head_dim && block.is_contiguous();
+  if (!shape_ok || block.scalar_type() != c10::typeMetaToScalarType(options_.dtype()) ||
+      block.device() != all_.device()) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "KV cache append_block: the block must be a dense [layers, 2, kv_heads, " +
+                    std::to_string(n) + ", head_dim] tensor of the cache's dtype and device");
+  }
+  if (n == 0) return;
+  if (length_ + n > shape_.capacity) {
+    throw Error(ErrorKind::kContextOverflow,
+                "KV cache full: " + std::to_string(length_) + " + " + std::to_string(n) +
+                    " tokens exceed its capacity of " + std::to_string(shape_.capacity));
+  }
+  held_.push_back({block, length_, n});
+  fill_external(n, positions);
+}
+
+int64_t KVCache::block_slots() const {
+  int64_t slots = 0;
+  for (const auto& h : held_) slots += h.count;
+  return slots;
+}
+
+std::vector<KVSegment> KVCache::segments(int64_t layer, int64_t count) const {
+  if (layer < 0 || layer >= shape_.layers || count < 0 || count > shape_.capacity) {
+    throw Error(ErrorKind::kInvalidArgument, "KV cache segments outside the buffer");
+  }
+  std::vector<KVSegment> out;
+  int64_t slot = 0;
+  auto buffer_run = [&](int64_t end) {
+    if (end > slot) {
+      out.push_back({k_[layer].narrow(2, slot, end - slot), v_[layer].narrow(2, slot, end - slot)});
+    }
+  };
+  for (const auto& h : held_) {
+    if (h.slot >= count) break;
+    buffer_run(h.slot);
+    const int64_t take = std::min(h.count, count - h.slot);
+    const auto kv = h.kv[layer].unsqueeze(1);  // [2, 1, kv_heads, n, head_dim]
+    out.push_back({kv[0].narrow(2, 0, take), kv[1].narrow(2, 0, take)});
+    slot = h.slot + take;
+  }
+  buffer_run(count);
+  return out;
+}
+
+void KVCache::materialize(int64_t begin, int64_t end) const {
+  if (held_.empty()) return;
+  std::vector<HeldBlock> kept;
+  for (auto& h : held_) {
+    if (h.slot < end && h.slot + h.count > begin) {
+      copy_block(all_.narrow(4, h.slot, h.count), h.kv.narrow(3, 0, h.count));
+    } else {
+      kept.push_back(std::move(h));
+    }
+  }
+  held_ = std::move(kept);
 }
 
 void KVCache::write_pending(int64_t layer, const torch::Tensor& k, const torch::Tensor& v) {
@@ -93,6 +220,10 @@ void KVCache::truncate(int64_t length) {
   }
   length_ = length;
   positions_.resize(length);
+  held_.erase(std::remove_if(held_.begin(), held_.end(),
+                             [&](const HeldBlock& h) { return h.slot >= length; }),
+              held_.end());
+  for (auto& h : held_) h.count = std::min(h.count, length - h.slot);
   sources_.erase(std::remove_if(sources_.begin(), sources_.end(),
                                 [&](const SlotSource& t) { return t.slot + t.count > length; }),
                  sources_.end());

@@ -301,21 +301,23 @@ torch::Tensor attend_split_heads(const torch::Tensor& qg, const torch::Tensor& k
   return out;
 }
 
-// The fused kernel over q [b, heads, n, d] (scaled) in blocks of kFusedBlockTokens query tokens,
-// each block against the slots it may see: a few fresh tokens are one block; a prefill, a module
-// compile or a long question take several. Against the blocked attention (OpenBLAS GEMMs with
-// single-threaded mask and softmax passes between them), 1024- and 2048-token prefills of
-// bench-small ran 15-20% faster and a 100-token question over 2048 slots 1.5x faster
-// (docs/benchmarks.md).
+// The fused kernel over q [b, heads, n, d] (scaled) and the runs of slots `slots`
+// (KVCache::segments) in blocks of kFusedBlockTokens query tokens, each block against the slots it
+// may see: a few fresh tokens are one block; a prefill, a module compile or a long question take
+// several. Against the blocked attention (OpenBLAS GEMMs with single-threaded mask and softmax
+// passes between them), 1024- and 2048-token prefills of bench-small ran 15-20% faster and a
+// 100-token question over 2048 slots 1.5x faster (docs/benchmarks.md).
 constexpr int64_t kFusedBlockTokens = 64;
 
-torch::Tensor attend_fused_blocks(const torch::Tensor& q, const torch::Tensor& keys,
-                                  const torch::Tensor& values, const torch::Tensor& mask,
-                                  bool causal, int64_t past, int64_t open_slots, int threads) {
+torch::Tensor attend_fused_blocks(const torch::Tensor& q, const std::vector<KVSegment>& slots,
+                                  const torch::Tensor& mask, bool causal, int64_t past,
+                                  int64_t open_slots, int threads) {
   const int64_t b = q.size(0), hq = q.size(1), n = q.size(2), d = q.size(3);
-  const int64_t hkv = keys.size(1), groups = hq / hkv, total = keys.size(2);
+  const int64_t hkv = slots.front().keys.size(1), groups = hq / hkv;
+  int64_t total = 0;
+  for (const auto& s : slots) total += s.slots();
   if (n <= kFusedBlockTokens) {  // one block: the kernel's output is the result
-    return attend_few_queries(q.reshape({b, hkv, groups * n, d}), keys, values, mask,
+    return attend_few_queries(q.reshape({b, hkv, groups * n, d}), slots, mask,
                               causal ? past : open_slots, threads)
         .view({b, hq, n, d});
   }
@@ -328,8 +330,7 @@ torch::Tensor attend_fused_blocks(const torch::Tensor& q, const torch::Tensor& k
     // Under the causal rule row i0 sees every slot before past + i0.
     const int64_t open = causal ? past + i0 : std::min(open_slots, visible);
     auto block = attend_few_queries(q.narrow(2, i0, rows).reshape({b, hkv, groups * rows, d}),
-                                    keys.narrow(2, 0, visible), values.narrow(2, 0, visible),
-                                    block_mask, open, threads);
+                                    first_slots(slots, visible), block_mask, open, threads);
     out.narrow(2, i0, rows).copy_(block.view({b, hq, rows, d}));
   }
   return out;
@@ -367,8 +368,16 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
     cache.write_pending(index, k, v);
   }
   const int64_t total = cache.length() + n;
-  auto keys = cache.key_slots(index, 0, total);
-  auto values = cache.value_slots(index, 0, total);
+  // The fused kernel reads the slots where they are, module states left in the store included
+  // (KVCache::segments); the other paths take views of the buffer, which copy those in first.
+  const bool fused = !sdpa_ && q.device().is_cpu() && q.scalar_type() == torch::kFloat32 &&
+                     c10::typeMetaToScalarType(cache.options().dtype()) == torch::kFloat32 &&
+                     cpu_attention_available(d);
+  torch::Tensor keys, values;
+  if (!fused) {
+    keys = cache.key_slots(index, 0, total);
+    values = cache.value_slots(index, 0, total);
+  }
   // Grouped-query attention without copying K/V: the query heads that share a KV head are
   // stacked along the row axis, so one matmul per KV head serves the whole group.
   torch::Tensor out;
@@ -396,15 +405,14 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
   const int64_t past = total - n;
   if (!q_scaled) q = q * q_scale;
   const int threads = kernel_threads();
-  // The fused kernel, for a few fresh tokens in one block, for longer inputs block by block.
-  const bool fused = q.device().is_cpu() && q.scalar_type() == torch::kFloat32 &&
-                     keys.scalar_type() == torch::kFloat32 && cpu_attention_available(d);
   // Only alongside the small-row linear kernels: interleaved with multi-threaded OpenBLAS
   // linears, the two thread pools spin against each other (a 16-token forward ran 2.5x slower).
   const bool split_heads = !fused && q.device().is_cpu() && n <= kFewQueriesMaxTokens && hkv > 1 &&
                            threads > 1 && cpu_linear_kernel() != CpuLinearKernel::kNone;
   if (fused) {
-    out = attend_fused_blocks(q, keys, values, mask, causal, past, open_slots, threads);
+    // For a few fresh tokens in one block, for longer inputs block by block.
+    out = attend_fused_blocks(q, cache.segments(index, total), mask, causal, past, open_slots,
+                              threads);
   } else if (split_heads) {
     out = attend_split_heads(q.reshape({b, hkv, groups * n, d}), keys, values, mask,
                              causal ? past : open_slots, threads);

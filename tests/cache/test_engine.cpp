@@ -150,7 +150,9 @@ TEST_CASE("assembler reuses its buffer and rejects uncompiled schemas", "[cache]
   KVCache cache = engine->model().make_cache(0);
   const auto r1 = engine->resolve(pml::parse_prompt_string(
       R"(<prompt schema="trip"><city/><rainy/><live/><who guide="Anna"/>Where do we go?</prompt>)"));
-  const auto a1 = Assembler().assemble(r1, layout, engine->store(), cache, 16);
+  AssembleOptions copy;
+  copy.in_place = false;
+  const auto a1 = Assembler().assemble(r1, layout, engine->store(), cache, 16, copy);
   const int64_t capacity = cache.capacity();
   // Fresh: the cache="false" module, the argument, the question; in document order.
   const auto& live = layout.spans[layout.module("live").spans[0]];
@@ -158,6 +160,8 @@ TEST_CASE("assembler reuses its buffer and rejects uncompiled schemas", "[cache]
                   static_cast<int64_t>(live.begin)) != a1.fresh_positions.end());
   CHECK(a1.cached_tokens == cache.length());
   CHECK(a1.kv_bytes == a1.cached_tokens * cache.bytes_per_token());
+  CHECK(a1.in_place_tokens == 0);
+  CHECK(cache.block_slots() == 0);
   // Rainy's positions are in the cache; sunny's are not.
   const auto& rainy = layout.spans[layout.module("rainy").spans[0]];
   const auto& positions = cache.positions();
@@ -209,11 +213,12 @@ TEST_CASE("the KV buffer keeps module states across requests only while they are
   auto step = [&](const std::string& xml, bool use_cache = true) {
     INFO("prompt " << xml);
     const auto resolved = engine->resolve(pml::parse_prompt_string(xml));
-    const auto reused = engine->prefill(resolved, shared, use_cache, 4, /*reuse=*/true);
+    const auto reused = engine->prefill(resolved, shared, use_cache, 4, AssembleOptions{true});
     const int64_t reused_tokens = reused.assembled.reused_tokens;
-    // The same prompt assembled from scratch into a fresh buffer gives the same logits.
+    // The same prompt assembled from scratch into a fresh buffer, every span copied, gives the
+    // same logits.
     KVCache fresh = engine->model().make_cache(0);
-    const auto cold = engine->prefill(resolved, fresh, use_cache, 4, /*reuse=*/false);
+    const auto cold = engine->prefill(resolved, fresh, use_cache, 4, AssembleOptions{false, false});
     CHECK(cold.assembled.reused_tokens == 0);
     CHECK(reused.assembled.cached_tokens == cold.assembled.cached_tokens);
     CHECK(reused.assembled.reused_tokens <= reused.assembled.cached_tokens);
@@ -249,12 +254,22 @@ TEST_CASE("the KV buffer keeps module states across requests only while they are
   const auto warm1 = engine->generate_xml(p1, greedy);
   const auto warm2 = engine->generate_xml(p1, greedy);
   const auto cold = engine->generate_xml(p1, greedy, {}, RequestOptions{true, false});
+  RequestOptions copy;
+  copy.reuse_buffer = false;
+  copy.in_place = false;
+  const auto copied = engine->generate_xml(p1, greedy, {}, copy);
   CHECK(warm2.reused_tokens == warm2.cached_tokens);
   CHECK(warm2.kv_bytes == 0);
   CHECK(cold.reused_tokens == 0);
-  CHECK(cold.kv_bytes == cold.cached_tokens * shared.bytes_per_token());
-  CHECK(warm1.tokens == cold.tokens);
-  CHECK(warm2.tokens == cold.tokens);
+  CHECK(copied.reused_tokens == 0);
+  CHECK(copied.in_place_tokens == 0);
+  CHECK(copied.kv_bytes == copied.cached_tokens * shared.bytes_per_token());
+  // Cold, each span is either read in place or copied.
+  CHECK(cold.kv_bytes + cold.in_place_tokens * shared.bytes_per_token() ==
+        cold.cached_tokens * shared.bytes_per_token());
+  CHECK(warm1.tokens == copied.tokens);
+  CHECK(warm2.tokens == copied.tokens);
+  CHECK(cold.tokens == copied.tokens);
 }
 
 TEST_CASE("compile, store and assemble in bf16 and f16 on the test device", "[cache][half]") {

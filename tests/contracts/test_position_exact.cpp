@@ -10,6 +10,7 @@
 
 #include "promptcache/cache/assembler.hpp"
 #include "promptcache/cache/compiler.hpp"
+#include "promptcache/model/cpu_attention.hpp"
 #include "support/random_schema.hpp"
 #include "support/tiny_model.hpp"
 
@@ -94,7 +95,7 @@ TEST_CASE("position-exact: assembled cache + fresh tokens equal one masked forwa
   const auto model = test::tiny_model(4);
   const auto tmpl = pml::chat_template("llama-2");
   int cases = 0, with_batched = 0, with_unions = 0, with_arguments = 0, with_uncached = 0,
-      with_gaps = 0;
+      with_gaps = 0, with_in_place = 0;
   for (std::uint64_t seed = 0; seed < 40; ++seed) {
     const Case c = make_case(seed);
     for (EncodingMode mode : {EncodingMode::kScaffold, EncodingMode::kIsolated}) {
@@ -117,8 +118,13 @@ TEST_CASE("position-exact: assembled cache + fresh tokens equal one masked forwa
       const auto report = ModuleCompiler(*model).compile(layout, store, options);
       with_batched += report.forwards < static_cast<int64_t>(report.passes);
 
+      // Odd seeds copy every span into the cache; even seeds leave them in the store where the
+      // attention reads them in place (f32 on the CPU with the fused kernel).
       KVCache cache = model->make_cache(0);
-      const auto assembled = Assembler().assemble(resolved, layout, store, cache, 0);
+      AssembleOptions assembly;
+      assembly.in_place = seed % 2 == 0;
+      const auto assembled = Assembler().assemble(resolved, layout, store, cache, 0, assembly);
+      with_in_place += assembled.in_place_tokens > 0;
       ForwardOptions all;
       all.all_logits = true;
       auto got =
@@ -132,7 +138,7 @@ TEST_CASE("position-exact: assembled cache + fresh tokens equal one masked forwa
             fresh.tokens);
       CHECK(assembled.fresh_positions == fresh.positions);
       const double diff = (got - expected).abs().max().item<double>();
-      INFO("max abs diff " << diff);
+      INFO("max abs diff " << diff << (assembled.in_place_tokens > 0 ? " (in place)" : ""));
       CHECK(diff <= 1e-5);
       if (seed % 8 == 0) {  // the comparison is sharp: one position off is far outside tolerance
         Sequence ignored;
@@ -152,7 +158,7 @@ TEST_CASE("position-exact: assembled cache + fresh tokens equal one masked forwa
   }
   WARN("cases " << cases << ", unions " << with_unions << ", arguments " << with_arguments
                 << ", uncached " << with_uncached << ", gaps " << with_gaps << ", batched "
-                << with_batched);
+                << with_batched << ", read in place " << with_in_place);
   // The generator really covers the features the contract is about.
   CHECK(cases >= 60);
   CHECK(with_unions >= 10);
@@ -160,4 +166,9 @@ TEST_CASE("position-exact: assembled cache + fresh tokens equal one masked forwa
   CHECK(with_uncached >= 5);
   CHECK(with_gaps >= 10);
   CHECK(with_batched >= 10);
+  if (model->device().is_cpu() && cpu_attention_available(model->config().head_dim)) {
+    CHECK(with_in_place >= 20);
+  } else {
+    CHECK(with_in_place == 0);  // nothing reads in place there: every span is copied
+  }
 }

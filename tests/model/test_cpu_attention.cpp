@@ -96,6 +96,76 @@ TEST_CASE("fused CPU attention equals the double-precision reference", "[attenti
   REQUIRE(checked >= 2 * 5 * 5 * 3 * 3);
 }
 
+TEST_CASE("fused CPU attention over several runs of slots equals one run", "[attention][kernels]") {
+  KernelGuard guard;
+  torch::NoGradGuard no_grad;
+  const auto kernels = available_kernels();
+  if (kernels.empty()) {
+    WARN("this processor has neither AVX2+FMA nor AVX-512F: the fused attention is not built");
+    return;
+  }
+  torch::manual_seed(8);
+  std::mt19937 rng(23);
+  int checked = 0;
+  for (auto kernel : kernels) {
+    REQUIRE(select_cpu_linear(kernel));
+    for (int64_t d : {8, 16, 64}) {
+      if (!cpu_attention_available(d)) continue;
+      // 5 rows take dot products, 16 and 40 the transposed key tiles (kAttendTileMinRows).
+      for (int64_t rows : {5, 16, 40}) {
+        for (int trial = 0; trial < 4; ++trial) {
+          const int64_t b = 2, h = 2;
+          // Runs of random lengths (single slots and runs that start mid-tile among them); every
+          // other run is shared by the batch rows ([1, h, len, d]), as a stored module block is.
+          std::vector<KVSegment> runs;
+          std::vector<torch::Tensor> ks, vs;
+          int64_t slots = 0;
+          const int count = 1 + static_cast<int>(rng() % 5);
+          for (int r = 0; r < count; ++r) {
+            const int64_t len = r % 3 == 2 ? 1 : 1 + static_cast<int64_t>(rng() % 70);
+            const int64_t rb = r % 2 == 0 ? 1 : b;
+            auto k = torch::randn({rb, h, len, d}), v = torch::randn({rb, h, len, d});
+            runs.push_back({k, v});
+            ks.push_back(k.expand({b, h, len, d}));
+            vs.push_back(v.expand({b, h, len, d}));
+            slots += len;
+          }
+          const auto k = torch::cat(ks, 2), v = torch::cat(vs, 2);
+          const auto q = torch::randn({b, h, rows, d}) * (2.0 / std::sqrt(double(d)));
+          const int64_t open = static_cast<int64_t>(rng() % (slots + 1));
+          const auto gaps = torch::rand({b, rows, slots}) < 0.5;
+          INFO(cpu_linear_name(kernel)
+               << " d " << d << " rows " << rows << " runs " << count << " slots " << slots);
+          const auto got = attend_few_queries(q, runs, gaps, open, 2);
+          REQUIRE(max_error(got, reference(q, k, v, gaps, open)) < 1e-5);
+          const auto all = attend_few_queries(q, runs, torch::Tensor(), slots, 1);
+          REQUIRE(max_error(all, reference(q, k, v, torch::Tensor(), slots)) < 1e-5);
+          // first_slots: the runs of a prefix, the last one cut.
+          const int64_t prefix = 1 + static_cast<int64_t>(rng() % slots);
+          const auto cut = first_slots(runs, prefix);
+          int64_t cut_slots = 0;
+          for (const auto& r : cut) cut_slots += r.slots();
+          REQUIRE(cut_slots == prefix);
+          const auto part = attend_few_queries(q, cut, torch::Tensor(), prefix, 2);
+          REQUIRE(max_error(part, reference(q, k.narrow(2, 0, prefix), v.narrow(2, 0, prefix),
+                                            torch::Tensor(), prefix)) < 1e-5);
+          checked += 3;
+        }
+      }
+    }
+  }
+  REQUIRE(checked >= 3 * 3 * 4 * 3);
+  // A run must match the queries' heads and head size, and there must be one.
+  const auto q = torch::randn({1, 2, 4, 16});
+  CHECK_THROWS_WITH(attend_few_queries(q, std::vector<KVSegment>{}, torch::Tensor(), 0, 1),
+                    Catch::Contains("at least one run"));
+  CHECK_THROWS_WITH(
+      attend_few_queries(
+          q, std::vector<KVSegment>{{torch::randn({1, 3, 4, 16}), torch::randn({1, 3, 4, 16})}},
+          torch::Tensor(), 0, 1),
+      Catch::Contains("matching the queries"));
+}
+
 TEST_CASE("fused CPU attention: long rows, large scores and rows that see nothing",
           "[attention][kernels]") {
   KernelGuard guard;

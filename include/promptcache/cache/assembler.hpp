@@ -1,7 +1,8 @@
 // promptcache/cache/assembler.hpp — THE place where stored states are stitched into one cache.
 //
-// For a resolved prompt the assembler copies the selected cacheable spans' states, in document
-// order with their original position ids, into a reusable KVCache, and lists the fresh tokens
+// For a resolved prompt the assembler places the selected cacheable spans' states, in document
+// order with their original position ids, into a reusable KVCache (by reference where the
+// cache's attention reads them in place, else copied), and lists the fresh tokens
 // the model must still run: argument tokens at their parameter's positions, spans of
 // cache="false" modules at theirs, then the prompt's text right after the largest position used.
 // Fresh tokens then attend to every assembled slot and to earlier fresh tokens — which is the
@@ -24,6 +25,9 @@ struct AssembledPrompt {
   std::vector<int64_t> fresh_positions;
   int64_t cached_tokens = 0;  // slots filled from the store
   int64_t reused_tokens = 0;  // of those, slots the cache already held (not copied again)
+  // Of the cached slots filled now, those left in the store's blocks, read there by the
+  // attention (KVCache::append_block); the others were copied.
+  int64_t in_place_tokens = 0;
   int64_t kv_bytes = 0;       // bytes copied
   int64_t max_position = -1;  // the largest position id the prompt uses (cached or fresh)
   double ms = 0;
@@ -47,20 +51,30 @@ struct AssembledBatch {
   double ms = 0;
 };
 
+struct AssembleOptions {
+  // Keep the leading spans the cache still holds from an earlier assembly (the same stored
+  // blocks at the same slots, see KVCache::sources) rather than filling them again.
+  bool reuse = true;
+  // Leave the spans in the store's blocks where the cache's attention reads them in place (f32
+  // on the CPU with the fused kernel, cpu_attention_available): nothing is copied. false, or
+  // anywhere else, copies every span into the cache.
+  bool in_place = true;
+};
+
 class Assembler {
  public:
   // Fills `cache` (grown if needed to hold the prompt plus `extra_capacity` slots) and returns
-  // the fresh part. With `reuse`, leading spans the cache still holds from an earlier assembly
-  // (the same stored blocks at the same slots, see KVCache::sources) are kept rather than copied;
-  // everything after them is replaced. Error(kCacheFile) if a cacheable span has no stored states
+  // the fresh part; see AssembleOptions for what is kept, referenced or copied. Everything after
+  // the kept spans is replaced. Error(kCacheFile) if a cacheable span has no stored states
   // (schema not compiled).
   AssembledPrompt assemble(const pml::ResolvedPrompt& prompt, const pml::Layout& layout,
                            const CacheStore& store, KVCache& cache, int64_t extra_capacity,
-                           bool reuse = true) const;
+                           const AssembleOptions& options = {}) const;
 
   // Assembles every prompt into its own row of `cache` (whose batch must equal the number of
   // prompts; it is cleared, then grown to hold cached_slots + fresh_slots + extra_capacity).
-  // Each span is copied once per row that selects it; nothing is reused across calls.
+  // Each span is copied once per row that selects it; nothing is reused across calls or read in
+  // place.
   AssembledBatch assemble_batch(const std::vector<BatchPrompt>& prompts, const CacheStore& store,
                                 KVCache& cache, int64_t extra_capacity) const;
 };

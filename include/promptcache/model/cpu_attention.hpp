@@ -11,19 +11,36 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace promptcache {
+
+// One run of slots the attention reads: keys and values [b or 1, kv_heads, count, head_dim]
+// (a batch of 1 serves every batch row) with dense rows of head_dim values. A KV cache whose
+// module states stay in the store's blocks hands its slots over as several runs
+// (KVCache::segments).
+struct KVSegment {
+  torch::Tensor keys, values;
+  int64_t slots() const { return keys.size(2); }
+};
+
+// The first `count` slots of a list of runs (the runs they fall in, the last one cut short).
+std::vector<KVSegment> first_slots(const std::vector<KVSegment>& segments, int64_t count);
 
 // Whether attend_few_queries() takes f32 heads of size head_dim with the current kernel choice.
 bool cpu_attention_available(int64_t head_dim);
 
 // qg [b, kv_heads, rows, d]: rows = groups * n query rows per KV head, group-major (row g * n + i
-// is token i of query head g), already scaled by 1/sqrt(d). keys/values [b, kv_heads, slots, d]
-// with dense rows of d values (views of the KV cache). mask: [n, slots], [b, n, slots] (one per
+// is token i of query head g), already scaled by 1/sqrt(d). The slots are the runs of
+// `segments` in order (at least one; see KVSegment). mask: [n, slots], [b, n, slots] (one per
 // batch row) or undefined (every slot visible); slots before `open` are seen by every row
 // whatever the mask says. The KV heads are shared out among `threads` threads.
 // Returns [b, kv_heads, rows, d]. Throws Error (kInvalidArgument) for anything else: other
 // dtypes or devices, a head size without a kernel (cpu_attention_available), mismatched shapes.
+torch::Tensor attend_few_queries(const torch::Tensor& qg, const std::vector<KVSegment>& segments,
+                                 const torch::Tensor& mask, int64_t open, int threads);
+
+// The same over one run: keys/values [b, kv_heads, slots, d] (views of the KV cache).
 torch::Tensor attend_few_queries(const torch::Tensor& qg, const torch::Tensor& keys,
                                  const torch::Tensor& values, const torch::Tensor& mask,
                                  int64_t open, int threads);

@@ -5,6 +5,11 @@
 // Keys are stored with RoPE already applied at the token's own position id, so a slot's contents
 // do not depend on where in the buffer it sits — which is what lets the Prompt Cache assembler
 // copy module states into any slot order. The cache also remembers every slot's position id.
+//
+// Slots may also be filled by reference (append_block): their states stay in a stored module
+// block and the fused CPU attention reads them there (segments()), so assembling a request
+// copies nothing. Every accessor that hands out the buffer's own memory for those slots copies
+// the blocks in first, so a caller that does not know about them still sees the right states.
 #pragma once
 
 #include <torch/types.h>
@@ -12,6 +17,8 @@
 #include <cstdint>
 #include <utility>
 #include <vector>
+
+#include "promptcache/model/cpu_attention.hpp"
 
 namespace promptcache {
 
@@ -46,6 +53,7 @@ class KVCache {
   bool empty() const { return length_ == 0; }
 
   // Views of the filled slots [0, length) of one layer: [batch, kv_heads, length, head_dim].
+  // These and the other views below first copy in any block-held slots they cover.
   torch::Tensor keys(int64_t layer) const;
   torch::Tensor values(int64_t layer) const;
   // Views of slots [begin, begin + count) of one layer, for writing (assembler) or reading.
@@ -55,6 +63,23 @@ class KVCache {
   // Slots [begin, begin + count) of every layer's K and V at once:
   // [layers, 2 (K, V), batch, kv_heads, count, head_dim].
   torch::Tensor all_slots(int64_t begin, int64_t count) const;
+
+  // Copies a stored block [layers, 2 (K, V), kv_heads, n, head_dim] into slots
+  // [slot, slot + n) of every batch row, or of batch row `row` (>= 0) only; the length does not
+  // change (fill_external records the slots). On the CPU each head's run goes through memcpy,
+  // shared out among the kernel threads for a large block.
+  void write_block(int64_t slot, const torch::Tensor& block, int64_t row = -1);
+
+  // Fills slots [length, length + n) by reference: `block` [layers, 2, kv_heads, n, head_dim]
+  // (same dtype and device) holds their states, shared by every batch row, and is kept alive
+  // here; nothing is copied until an accessor needs the slots in the buffer.
+  void append_block(const torch::Tensor& block, const std::vector<int64_t>& positions);
+  // Slots held by reference to a block, not in the buffer.
+  int64_t block_slots() const;
+  // Slots [0, count) of one layer (count may reach into the pending slots) as runs in slot
+  // order: a block-held run as [1, kv_heads, n, head_dim] views of its block, the rest as views
+  // of the buffer. Copies nothing.
+  std::vector<KVSegment> segments(int64_t layer, int64_t count) const;
 
   // Writes k, v ([batch, kv_heads, n, head_dim]) into slots [length, length + n) of one layer.
   // The length advances only on commit(), after every layer has written its part.
@@ -75,12 +100,14 @@ class KVCache {
   void reserve(int64_t capacity);
   // Forgets the contents (buffers are kept for reuse).
   void clear();
-  // Drops slots [length, old length): used to roll back to a shared prefix.
+  // Drops slots [length, old length): used to roll back to a shared prefix. A block-held run
+  // that the cut goes through keeps its first slots by reference.
   void truncate(int64_t length);
 
   // Keeps only the given batch rows (ascending), in place: row j takes row rows[j]'s filled
   // slots and the batch shrinks to rows.size(). Nothing is allocated and only moved rows are
-  // copied (a batch drops its finished rows so); slots, positions and provenance are kept.
+  // copied (a batch drops its finished rows so); slots, positions, provenance and block-held
+  // runs (the same for every row) are kept.
   void keep_rows(const std::vector<int64_t>& rows);
 
   // Provenance, for the assembler: records that filled slots [slot, slot + count) hold a copy of
@@ -94,7 +121,15 @@ class KVCache {
   int64_t bytes_per_token() const;
 
  private:
+  // Slots [slot, slot + count) whose states are the first `count` tokens of `kv`.
+  struct HeldBlock {
+    torch::Tensor kv;  // [layers, 2, kv_heads, n, head_dim], n >= count
+    int64_t slot = 0;
+    int64_t count = 0;
+  };
   void allocate(int64_t capacity);
+  // Copies every block-held run overlapping slots [begin, end) into the buffer.
+  void materialize(int64_t begin, int64_t end) const;
 
   KVCacheShape shape_;
   torch::TensorOptions options_;
@@ -105,6 +140,8 @@ class KVCache {
   std::vector<int64_t> positions_;
   int64_t max_position_ = -1;
   std::vector<SlotSource> sources_;
+  // In slot order. Mutable: copying a block into the buffer does not change what the cache holds.
+  mutable std::vector<HeldBlock> held_;
 };
 
 }  // namespace promptcache

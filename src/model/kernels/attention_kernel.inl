@@ -70,9 +70,12 @@ inline float softmax_numerators(float* s, Index slots, const bool* mask_row, Ind
   return Vec::sum(sv);
 }
 
-// out[r, c0 .. c0 + C * kWidth) = scale[r] * sum_j p[r, j] * v[j, c0 ..] for R rows.
+using Segment = promptcache::kernels::AttendSegment;
+
+// out[r, c0 .. c0 + C * kWidth) = scale[r] * sum_j p[r, j] * v[j, c0 ..] for R rows, j running
+// over the slots of every run in turn.
 template <int R, int C>
-inline void weighted_values(const float* p, Index ldp, const float* v, Index d, Index slots,
+inline void weighted_values(const float* p, Index ldp, const Segment* segs, Index nseg, Index d,
                             Index c0, const float* scale, float* out) {
   typename Vec::Reg acc[R][C];
 #pragma GCC unroll 8
@@ -80,16 +83,21 @@ inline void weighted_values(const float* p, Index ldp, const float* v, Index d, 
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) acc[r][c] = Vec::zero();
   }
-  for (Index j = 0; j < slots; ++j) {
-    typename Vec::Reg vv[C];
+  for (Index s = 0; s < nseg; ++s) {
+    const float* v = segs[s].v;
+    const float* ps = p;
+    for (Index j = 0; j < segs[s].slots; ++j) {
+      typename Vec::Reg vv[C];
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) vv[c] = Vec::load(v + j * d + c0 + c * Vec::kWidth);
+      for (int c = 0; c < C; ++c) vv[c] = Vec::load(v + j * d + c0 + c * Vec::kWidth);
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const typename Vec::Reg b = Vec::set1(p[r * ldp + j]);
+      for (int r = 0; r < R; ++r) {
+        const typename Vec::Reg b = Vec::set1(ps[r * ldp + j]);
 #pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) acc[r][c] = Vec::fma(vv[c], b, acc[r][c]);
+        for (int c = 0; c < C; ++c) acc[r][c] = Vec::fma(vv[c], b, acc[r][c]);
+      }
     }
+    p += segs[s].slots;
   }
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
@@ -104,39 +112,39 @@ inline void weighted_values(const float* p, Index ldp, const float* v, Index d, 
 // The last (fewer than kValueCols) vectors of a row: picks the block instantiated for exactly
 // that many.
 template <int R, int C>
-inline void weighted_values_cols(int cols, const float* p, Index ldp, const float* v, Index d,
-                                 Index slots, Index c0, const float* scale, float* out) {
+inline void weighted_values_cols(int cols, const float* p, Index ldp, const Segment* segs,
+                                 Index nseg, Index d, Index c0, const float* scale, float* out) {
   if constexpr (C > 0) {
     if (cols == C) {
-      weighted_values<R, C>(p, ldp, v, d, slots, c0, scale, out);
+      weighted_values<R, C>(p, ldp, segs, nseg, d, c0, scale, out);
     } else {
-      weighted_values_cols<R, C - 1>(cols, p, ldp, v, d, slots, c0, scale, out);
+      weighted_values_cols<R, C - 1>(cols, p, ldp, segs, nseg, d, c0, scale, out);
     }
   }
 }
 
 template <int R>
-inline void weighted_values_rows(const float* p, Index ldp, const float* v, Index d, Index slots,
-                                 const float* scale, float* out) {
+inline void weighted_values_rows(const float* p, Index ldp, const Segment* segs, Index nseg,
+                                 Index d, const float* scale, float* out) {
   constexpr Index kSpan = Vec::kValueCols * Vec::kWidth;
   Index c0 = 0;
   for (; c0 + kSpan <= d; c0 += kSpan) {
-    weighted_values<R, Vec::kValueCols>(p, ldp, v, d, slots, c0, scale, out);
+    weighted_values<R, Vec::kValueCols>(p, ldp, segs, nseg, d, c0, scale, out);
   }
   if (c0 < d) {
     weighted_values_cols<R, Vec::kValueCols - 1>(static_cast<int>((d - c0) / Vec::kWidth), p, ldp,
-                                                 v, d, slots, c0, scale, out);
+                                                 segs, nseg, d, c0, scale, out);
   }
 }
 
 template <int R>
-inline void weighted_values_row_tail(int rows, const float* p, Index ldp, const float* v, Index d,
-                                     Index slots, const float* scale, float* out) {
+inline void weighted_values_row_tail(int rows, const float* p, Index ldp, const Segment* segs,
+                                     Index nseg, Index d, const float* scale, float* out) {
   if constexpr (R > 0) {
     if (rows == R) {
-      weighted_values_rows<R>(p, ldp, v, d, slots, scale, out);
+      weighted_values_rows<R>(p, ldp, segs, nseg, d, scale, out);
     } else {
-      weighted_values_row_tail<R - 1>(rows, p, ldp, v, d, slots, scale, out);
+      weighted_values_row_tail<R - 1>(rows, p, ldp, segs, nseg, d, scale, out);
     }
   }
 }
@@ -180,8 +188,9 @@ inline void tile_scores_tail(int rows, const float* q, Index d, const float* kt,
   }
 }
 
-// scores[r, j] = q[r] . k[j] for `rows` rows and every slot, tile by tile; lds is a multiple of
-// the tile width, so whole tiles are stored (columns past `slots` get zero keys' scores).
+// scores[r, j] = q[r] . k[j] for `rows` rows and every slot of one run, tile by tile. Whole
+// tiles are stored: up to a tile's width of columns past `slots` get zero keys' scores (the
+// score stride leaves room for them).
 inline void all_scores(const float* q, Index rows, Index d, const float* k, Index slots, float* kt,
                        float* scores, Index lds) {
   constexpr int kTile = 2 * Vec::kWidth;
@@ -230,12 +239,19 @@ void attend_rows(const promptcache::kernels::AttendArgs& a) {
   float* kt = scale + pk::kAttendRowChunk;            // [d, 2 * kWidth]
   for (Index r0 = 0; r0 < a.rows; r0 += pk::kAttendRowChunk) {
     const Index chunk = a.rows - r0 < pk::kAttendRowChunk ? a.rows - r0 : pk::kAttendRowChunk;
-    // Transposing a key tile pays off when many rows use it; a decode step's few rows take
-    // dot products instead.
-    if (chunk >= pk::kAttendTileMinRows) {
-      all_scores(a.q + r0 * d, chunk, d, a.k, slots, kt, scores, lds);
-    } else {
-      linear_rows(a.q + r0 * d, chunk, d, a.k, 0, slots, scores, lds);
+    // Run by run, in slot order: a run's last tile may spill into the next run's columns, which
+    // that run then overwrites.
+    Index first = 0;
+    for (Index s = 0; s < a.segment_count; ++s) {
+      const Segment& seg = a.segments[s];
+      // Transposing a key tile pays off when many rows use it; a decode step's few rows take
+      // dot products instead.
+      if (chunk >= pk::kAttendTileMinRows) {
+        all_scores(a.q + r0 * d, chunk, d, seg.k, seg.slots, kt, scores + first, lds);
+      } else {
+        linear_rows(a.q + r0 * d, chunk, d, seg.k, 0, seg.slots, scores + first, lds);
+      }
+      first += seg.slots;
     }
     for (Index r = 0; r < chunk; ++r) {
       const Index token = (r0 + r) % a.tokens;
@@ -245,12 +261,12 @@ void attend_rows(const promptcache::kernels::AttendArgs& a) {
     }
     Index r = 0;
     for (; r + Vec::kValueRows <= chunk; r += Vec::kValueRows) {
-      weighted_values_rows<Vec::kValueRows>(scores + r * lds, lds, a.v, d, slots, scale + r,
-                                            a.out + (r0 + r) * d);
+      weighted_values_rows<Vec::kValueRows>(scores + r * lds, lds, a.segments, a.segment_count, d,
+                                            scale + r, a.out + (r0 + r) * d);
     }
     if (r < chunk) {
       weighted_values_row_tail<Vec::kValueRows - 1>(static_cast<int>(chunk - r), scores + r * lds,
-                                                    lds, a.v, d, slots, scale + r,
+                                                    lds, a.segments, a.segment_count, d, scale + r,
                                                     a.out + (r0 + r) * d);
     }
   }

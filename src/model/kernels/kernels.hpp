@@ -10,6 +10,16 @@ namespace promptcache::kernels {
 using LinearRowsFn = void (*)(const float* x, long long m, long long k, const float* w,
                               long long n0, long long n1, float* out, long long ldo);
 
+// One run of a KV head's slots: `slots` keys and as many values, each a dense row of d floats.
+// The slots of one call may lie in several runs (the module states an assembled request reads
+// in place from the store, then its own fresh tokens), taken in order: the first run's slots
+// are slots 0 .. its slots - 1 of the mask, and so on.
+struct AttendSegment {
+  const float* k = nullptr;  // [slots, d], row-major
+  const float* v = nullptr;  // [slots, d], row-major
+  long long slots = 0;
+};
+
 // One KV head's attention for a few query rows, f32:
 //   out[r] = softmax_j(q[r] . k[j], over the slots j row r may see) applied to v.
 // Row r belongs to token r % tokens (grouped-query heads stack their rows group-major). Every
@@ -18,9 +28,9 @@ using LinearRowsFn = void (*)(const float* x, long long m, long long k, const fl
 struct AttendArgs {
   const float* q = nullptr;  // [rows, d], already scaled by 1/sqrt(d)
   long long rows = 0, d = 0;
-  const float* k = nullptr;  // [slots, d], row-major
-  const float* v = nullptr;  // [slots, d], row-major
-  long long slots = 0;
+  const AttendSegment* segments = nullptr;  // segment_count runs of slots, in slot order
+  long long segment_count = 0;
+  long long slots = 0;         // the runs' slots together
   const bool* mask = nullptr;  // [tokens, mask_ld] or null
   long long mask_ld = 0, tokens = 1, open = 0;
   float* out = nullptr;      // [rows, d]
@@ -35,9 +45,11 @@ constexpr long long kAttendRowChunk = 48;
 // widest tile (AVX-512) has 32 keys.
 constexpr long long kAttendTileMinRows = 12;
 constexpr long long kAttendTile = 32;
-// A row of scores is padded to whole tiles.
+// A row of scores is padded past the last whole tile: each run's last tile is stored whole (the
+// next run's scores then overwrite its extra columns), so a run that starts mid-tile may write up
+// to a tile beyond the slots.
 constexpr long long attend_score_stride(long long slots) {
-  return (slots + kAttendTile - 1) / kAttendTile * kAttendTile;
+  return (slots + kAttendTile - 1) / kAttendTile * kAttendTile + kAttendTile;
 }
 // Scratch floats attend_rows needs for one call: scores, one scale per row, a transposed tile.
 constexpr long long attend_scratch_floats(long long d, long long slots) {

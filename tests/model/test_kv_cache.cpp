@@ -1,0 +1,159 @@
+// KVCache slots held by reference to a stored block (append_block): the runs segments() hands the
+// fused attention, the buffer views that copy them in first, and truncate / keep_rows / clear
+// keeping them right. Each check compares against a cache whose slots were copied (write_block).
+#include <torch/types.h>
+#include "support/catch_torch.hpp"
+
+#include <vector>
+
+#include "promptcache/error.hpp"
+#include "promptcache/model/kv_cache.hpp"
+
+using namespace promptcache;
+
+namespace {
+
+constexpr int64_t kLayers = 2, kHeads = 2, kDim = 8;
+
+KVCache make(int64_t capacity, int64_t batch = 1) {
+  return KVCache({kLayers, batch, kHeads, kDim, capacity}, torch::TensorOptions());
+}
+
+torch::Tensor block(int64_t n) {
+  return torch::randn({kLayers, 2, kHeads, n, kDim});
+}
+
+std::vector<int64_t> range(int64_t begin, int64_t n) {
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < n; ++i) out.push_back(begin + i);
+  return out;
+}
+
+// Slots [0, count) of one layer, read through segments(), joined along the slot axis.
+std::pair<torch::Tensor, torch::Tensor> joined(const KVCache& cache, int64_t layer, int64_t count) {
+  std::vector<torch::Tensor> k, v;
+  for (const auto& s : cache.segments(layer, count)) {
+    k.push_back(s.keys.expand({cache.shape().batch, kHeads, s.slots(), kDim}));
+    v.push_back(s.values.expand({cache.shape().batch, kHeads, s.slots(), kDim}));
+  }
+  return {torch::cat(k, 2), torch::cat(v, 2)};
+}
+
+}  // namespace
+
+TEST_CASE("KV cache slots held by reference read like copied ones", "[kv_cache]") {
+  torch::manual_seed(5);
+  const auto a = block(5), b = block(3), fresh = torch::randn({1, kHeads, 2, kDim});
+  // held: a and b by reference, then two fresh tokens written as a forward does.
+  // copied: the same states copied into the buffer.
+  KVCache held = make(16), copied = make(16);
+  held.append_block(a, range(10, 5));
+  held.append_block(b, range(40, 3));
+  copied.write_block(0, a);
+  copied.write_block(5, b);
+  copied.fill_external(8, [] {
+    auto p = range(10, 5);
+    for (int64_t x : range(40, 3)) p.push_back(x);
+    return p;
+  }());
+  for (KVCache* c : {&held, &copied}) {
+    for (int64_t l = 0; l < kLayers; ++l) {
+      auto [k, v] = c->pending_slots(l, 2);
+      k.copy_(fresh * (l + 1));
+      v.copy_(fresh * (l + 2));
+    }
+    c->commit({50, 51});
+  }
+  CHECK(held.block_slots() == 8);
+  CHECK(copied.block_slots() == 0);
+  CHECK(held.positions() == copied.positions());
+  CHECK(held.max_position() == 51);
+
+  // The runs: a, b (shared by every batch row), then the buffer's two fresh slots.
+  const auto runs = held.segments(1, 10);
+  REQUIRE(runs.size() == 3);
+  CHECK(runs[0].slots() == 5);
+  CHECK(runs[0].keys.size(0) == 1);
+  CHECK(runs[0].keys.data_ptr<float>() == a[1][0].data_ptr<float>());  // in place, not a copy
+  CHECK(runs[1].slots() == 3);
+  CHECK(runs[2].slots() == 2);
+  // Fewer slots than held: the run they end in is cut short.
+  const auto first6 = held.segments(0, 6);
+  REQUIRE(first6.size() == 2);
+  CHECK(first6[1].slots() == 1);
+  for (int64_t l = 0; l < kLayers; ++l) {
+    auto [k, v] = joined(held, l, 10);
+    CHECK(torch::equal(k, copied.keys(l)));
+    CHECK(torch::equal(v, copied.values(l)));
+  }
+  CHECK(held.block_slots() == 8);  // segments() copies nothing
+
+  // A buffer view copies the held runs in: afterwards the buffer itself holds the states.
+  CHECK(torch::equal(held.keys(1), copied.keys(1)));
+  CHECK(held.block_slots() == 0);
+  CHECK(held.segments(1, 10).size() == 1);
+  CHECK(torch::equal(held.values(0), copied.values(0)));
+}
+
+TEST_CASE("KV cache held slots survive truncate, reserve and keep_rows", "[kv_cache]") {
+  torch::manual_seed(6);
+  const auto a = block(6), b = block(4);
+  KVCache held = make(12, 3), copied = make(12, 3);
+  held.append_block(a, range(0, 6));
+  held.append_block(b, range(20, 4));
+  copied.write_block(0, a);
+  copied.write_block(6, b);
+  copied.fill_external(10, held.positions());
+
+  // A cut through b keeps its first slot by reference; a cut through a drops b.
+  held.truncate(7);
+  copied.truncate(7);
+  CHECK(held.block_slots() == 7);
+  CHECK(held.segments(0, 7).back().slots() == 1);
+  auto [k7, v7] = joined(held, 0, 7);
+  CHECK(torch::equal(k7, copied.keys(0)));
+
+  // Growing the buffer keeps the references (and the slots' meaning).
+  held.reserve(40);
+  CHECK(held.capacity() == 40);
+  CHECK(held.block_slots() == 7);
+  auto [kr, vr] = joined(held, 1, 7);
+  CHECK(torch::equal(vr, copied.values(1)));
+
+  // Dropping batch rows: held runs serve every row, so they stay as they are.
+  held.keep_rows({0, 2});
+  copied.keep_rows({0, 2});
+  CHECK(held.shape().batch == 2);
+  CHECK(held.block_slots() == 7);
+  auto [kk, vk] = joined(held, 1, 7);
+  CHECK(torch::equal(kk, copied.keys(1)));
+
+  held.truncate(3);
+  CHECK(held.block_slots() == 3);
+  held.clear();
+  CHECK(held.block_slots() == 0);
+  CHECK(held.segments(0, 0).empty());
+}
+
+TEST_CASE("KV cache block writes and references check their blocks", "[kv_cache]") {
+  KVCache cache = make(8);
+  CHECK_THROWS_WITH(cache.append_block(torch::randn({kLayers, 2, kHeads + 1, 2, kDim}), {0, 1}),
+                    Catch::Contains("append_block") && Catch::Contains("dense"));
+  CHECK_THROWS_WITH(cache.append_block(block(2).to(torch::kFloat64), {0, 1}),
+                    Catch::Contains("dtype"));
+  CHECK_THROWS_WITH(cache.append_block(block(3), {0, 1}), Catch::Contains("append_block"));
+  CHECK_THROWS_AS(cache.append_block(block(9), range(0, 9)), Error);  // beyond the capacity
+  CHECK_THROWS_WITH(cache.write_block(0, torch::randn({kLayers, 2, kHeads, 2, kDim + 1})),
+                    Catch::Contains("write_block"));
+  CHECK_THROWS_WITH(cache.write_block(7, block(2)), Catch::Contains("outside"));
+  CHECK_THROWS_WITH(cache.segments(kLayers, 1), Catch::Contains("segments"));
+  CHECK(cache.length() == 0);
+  CHECK(cache.block_slots() == 0);
+  // A write over a held run replaces it: the run is copied in first, then overwritten.
+  const auto a = block(4), b = block(2);
+  cache.append_block(a, range(0, 4));
+  cache.write_block(1, b);
+  CHECK(cache.block_slots() == 0);
+  CHECK(torch::equal(cache.keys(0).narrow(2, 0, 1), a[0][0].narrow(1, 0, 1).unsqueeze(0)));
+  CHECK(torch::equal(cache.keys(0).narrow(2, 1, 2), b[0][0].unsqueeze(0)));
+}
