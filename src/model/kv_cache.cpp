@@ -161,6 +161,18 @@ std::vector<KVSegment> KVCache::segments(int64_t layer, int64_t count) const {
   return out;
 }
 
+std::vector<std::pair<int64_t, int64_t>> KVCache::buffer_runs(int64_t end) const {
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  int64_t slot = 0;
+  for (const auto& h : held_) {
+    if (h.slot >= end) break;
+    if (h.slot > slot) runs.emplace_back(slot, h.slot - slot);
+    slot = h.slot + h.count;
+  }
+  if (end > slot) runs.emplace_back(slot, end - slot);
+  return runs;
+}
+
 void KVCache::materialize(int64_t begin, int64_t end) const {
   if (held_.empty()) return;
   std::vector<HeldBlock> kept;
@@ -206,7 +218,10 @@ void KVCache::reserve(int64_t capacity) {
   if (capacity <= shape_.capacity) return;
   const torch::Tensor old = all_;
   allocate(capacity);
-  all_.narrow(4, 0, length_).copy_(old.narrow(4, 0, length_));
+  // Only the slots the buffer itself holds: held runs were never written there.
+  for (const auto& [begin, count] : buffer_runs(length_)) {
+    all_.narrow(4, begin, count).copy_(old.narrow(4, begin, count));
+  }
   shape_.capacity = capacity;
 }
 
@@ -241,12 +256,15 @@ void KVCache::keep_rows(const std::vector<int64_t>& rows) {
                       std::to_string(shape_.batch) + ", got " + std::to_string(rows[j]));
     }
   }
+  const auto runs = buffer_runs(length_);  // held runs serve every row: nothing to move there
   for (std::size_t j = 0; j < rows.size(); ++j) {
     const auto to = static_cast<int64_t>(j);
     if (rows[j] == to) continue;  // ascending: a row only moves down, onto one already dropped
-    all_.narrow(2, to, 1)
-        .narrow(4, 0, length_)
-        .copy_(all_.narrow(2, rows[j], 1).narrow(4, 0, length_));
+    for (const auto& [begin, count] : runs) {
+      all_.narrow(2, to, 1)
+          .narrow(4, begin, count)
+          .copy_(all_.narrow(2, rows[j], 1).narrow(4, begin, count));
+    }
   }
   shape_.batch = static_cast<int64_t>(rows.size());
   all_ = all_.narrow(2, 0, shape_.batch);

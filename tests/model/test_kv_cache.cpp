@@ -113,20 +113,29 @@ TEST_CASE("KV cache held slots survive truncate, reserve and keep_rows", "[kv_ca
   auto [k7, v7] = joined(held, 0, 7);
   CHECK(torch::equal(k7, copied.keys(0)));
 
-  // Growing the buffer keeps the references (and the slots' meaning).
+  // A token of each batch row's own after them, in the buffer.
+  const auto own = torch::randn({3, kHeads, 1, kDim});
+  for (KVCache* c : {&held, &copied}) {
+    for (int64_t l = 0; l < kLayers; ++l) c->write_pending(l, own * (l + 1), own * (l + 2));
+    c->commit({30});
+  }
+
+  // Growing the buffer keeps the references (and the slots' meaning) and the buffer's slots.
   held.reserve(40);
   CHECK(held.capacity() == 40);
   CHECK(held.block_slots() == 7);
-  auto [kr, vr] = joined(held, 1, 7);
+  auto [kr, vr] = joined(held, 1, 8);
   CHECK(torch::equal(vr, copied.values(1)));
 
-  // Dropping batch rows: held runs serve every row, so they stay as they are.
+  // Dropping batch rows: held runs serve every row, so they stay as they are; each row's own
+  // slots move.
   held.keep_rows({0, 2});
   copied.keep_rows({0, 2});
   CHECK(held.shape().batch == 2);
   CHECK(held.block_slots() == 7);
-  auto [kk, vk] = joined(held, 1, 7);
+  auto [kk, vk] = joined(held, 1, 8);
   CHECK(torch::equal(kk, copied.keys(1)));
+  CHECK(torch::equal(kk.narrow(2, 7, 1)[1], own[2] * 2));
 
   held.truncate(3);
   CHECK(held.block_slots() == 3);

@@ -128,6 +128,8 @@ class KVCache {
     int64_t count = 0;
   };
   void allocate(int64_t capacity);
+  // The runs of slots [0, end) the buffer itself holds (not held by a block): {begin, count}.
+  std::vector<std::pair<int64_t, int64_t>> buffer_runs(int64_t end) const;
   // Copies every block-held run overlapping slots [begin, end) into the buffer.
   void materialize(int64_t begin, int64_t end) const;
 
