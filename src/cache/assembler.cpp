@@ -114,8 +114,11 @@ AssembledPrompt Assembler::assemble(const pml::ResolvedPrompt& prompt, const pml
     const auto& c = copies[i];
     const auto first = p.cached_positions.begin() + c.slot;
     std::vector<int64_t> positions(first, first + c.states->length());
-    // (A block the cache cannot hold as it is, say one a caller built strided, is copied.)
-    if (in_place && c.states->kv.is_contiguous() && c.states->kv.scalar_type() == torch::kFloat32) {
+    // (A block the cache cannot hold as it is, say one a caller built strided or put on another
+    // device, is copied.)
+    const torch::Tensor& block = c.states->kv;
+    if (in_place && block.is_contiguous() && block.scalar_type() == torch::kFloat32 &&
+        block.device().is_cpu()) {
       cache.append_block(c.states->kv, positions);
       out.in_place_tokens += c.states->length();
     } else {

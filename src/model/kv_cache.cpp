@@ -128,7 +128,19 @@ void KVCache::append_block(const torch::Tensor& block, const std::vector<int64_t
                 "KV cache full: " + std::to_string(length_) + " + " + std::to_string(n) +
                     " tokens exceed its capacity of " + std::to_string(shape_.capacity));
   }
-  held_.push_back({block, length_, n});
+  // Each layer's K and V views, made once here: the attention asks for them at every forward
+  // (one view per layer and K/V, instead of the several a select-and-narrow chain makes).
+  HeldBlock held{block, length_, n, {}, {}};
+  const int64_t head = n * shape_.head_dim, kv = shape_.kv_heads * head;
+  for (int64_t l = 0; l < shape_.layers; ++l) {
+    for (int64_t which = 0; which < 2; ++which) {
+      (which == 0 ? held.k : held.v)
+          .push_back(block.as_strided({1, shape_.kv_heads, n, shape_.head_dim},
+                                      {kv, head, shape_.head_dim, 1},
+                                      block.storage_offset() + (2 * l + which) * kv));
+    }
+  }
+  held_.push_back(std::move(held));
   fill_external(n, positions);
 }
 
@@ -153,8 +165,11 @@ std::vector<KVSegment> KVCache::segments(int64_t layer, int64_t count) const {
     if (h.slot >= count) break;
     buffer_run(h.slot);
     const int64_t take = std::min(h.count, count - h.slot);
-    const auto kv = h.kv[layer].unsqueeze(1);  // [2, 1, kv_heads, n, head_dim]
-    out.push_back({kv[0].narrow(2, 0, take), kv[1].narrow(2, 0, take)});
+    if (take == h.kv.size(3)) {
+      out.push_back({h.k[layer], h.v[layer]});
+    } else {
+      out.push_back({h.k[layer].narrow(2, 0, take), h.v[layer].narrow(2, 0, take)});
+    }
     slot = h.slot + take;
   }
   buffer_run(count);

@@ -126,6 +126,7 @@ class KVCache {
     torch::Tensor kv;  // [layers, 2, kv_heads, n, head_dim], n >= count
     int64_t slot = 0;
     int64_t count = 0;
+    std::vector<torch::Tensor> k, v;  // per layer: [1, kv_heads, n, head_dim] views of kv
   };
   void allocate(int64_t capacity);
   // The runs of slots [0, end) the buffer itself holds (not held by a block): {begin, count}.
