@@ -58,13 +58,9 @@ Command register_qa(CLI::App& root) {
                                                     return true;
                                                   });
               std::cout << "\n";
-              std::cerr << fmt::format(
-                  "[TTFT {:.1f} ms; {} cached{} + {} fresh tokens]\n", r.timings.ttft_ms,
-                  r.cached_tokens,
-                  r.reused_tokens > 0
-                      ? fmt::format(" ({} kept from the last question)", r.reused_tokens)
-                      : "",
-                  r.fresh_tokens);
+              std::cerr << fmt::format("[TTFT {:.1f} ms; {} cached{} + {} fresh tokens]\n",
+                                       r.timings.ttft_ms, r.cached_tokens,
+                                       cached_detail(r, "question"), r.fresh_tokens);
             };
             if (o->questions.size() == 1) {
               answer(o->questions[0]);

@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <iostream>
+#include <string>
+#include <vector>
 
 namespace promptcache::cli {
 
@@ -42,9 +44,20 @@ void print_stats(const Response& r, bool cached) {
       "[{}: TTFT {:.1f} ms (assembly {:.2f} ms, prefill {:.1f} ms); {} cached{} + {} fresh "
       "prompt tokens; {} generated at {:.0f} tok/s]\n",
       cached ? "cached" : "no cache", r.timings.ttft_ms, r.timings.assembly_ms,
-      r.timings.fresh_prefill_ms, r.cached_tokens,
-      r.reused_tokens > 0 ? fmt::format(" ({} kept from the last request)", r.reused_tokens) : "",
-      r.fresh_tokens, r.tokens.size(), r.timings.decode_tokens_per_s());
+      r.timings.fresh_prefill_ms, r.cached_tokens, cached_detail(r, "request"), r.fresh_tokens,
+      r.tokens.size(), r.timings.decode_tokens_per_s());
+}
+
+std::string cached_detail(const Response& r, const std::string& request) {
+  std::vector<std::string> parts;
+  if (r.reused_tokens > 0) {
+    parts.push_back(fmt::format("{} kept from the last {}", r.reused_tokens, request));
+  }
+  if (r.in_place_tokens > 0) parts.push_back(fmt::format("{} read in place", r.in_place_tokens));
+  if (parts.empty()) return "";
+  std::string out = " (" + parts[0];
+  for (std::size_t i = 1; i < parts.size(); ++i) out += ", " + parts[i];
+  return out + ")";
 }
 
 }  // namespace promptcache::cli

@@ -18,5 +18,8 @@ std::unique_ptr<Engine> open_engine(const ModelOptions& model, const EngineFlags
 Engine::ProgressCallback progress_bar();
 // Prints TTFT and the assembly/prefill split on stderr.
 void print_stats(const Response& r, bool cached);
+// How the cached tokens were served, for a stats line: " (12 kept from the last <request>,
+// 300 read in place)", or "" when all were copied anew.
+std::string cached_detail(const Response& r, const std::string& request);
 
 }  // namespace promptcache::cli

@@ -156,6 +156,12 @@ PY
     expect_in "TTFT" "$work/err"
     # The second question over the same document keeps its states in the buffer.
     expect_in "kept from the last question" "$work/err"
+    # The first question reads its document's states in place where the fused CPU attention
+    # runs (f32, AVX2 or AVX-512, kernels on).
+    if grep -qw avx2 /proc/cpuinfo 2>/dev/null &&
+      [ "${PROMPTCACHE_CPU_KERNELS:-on}" != off ] && [ "${PROMPTCACHE_CPU_KERNELS:-on}" != 0 ]; then
+      expect_in "read in place" "$work/err"
+    fi
     expect_in "no document 'nobody.txt'" "$work/err"
     ;;
   qa_names)
