@@ -1,5 +1,6 @@
 #include "promptcache/engine.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <numeric>
 
@@ -60,6 +61,17 @@ pml::Layout Engine::layout_only(const pml::Schema& schema) const {
 const pml::Layout& Engine::add_schema(const pml::Schema& schema, const ProgressCallback& progress,
                                       const std::string& cache_file) {
   SchemaEntry entry{layout_only(schema), {}};
+  // A schema added again replaces its states. A KV buffer that still holds the old ones could
+  // never reuse them (their block ids are gone from the store), and one that refers to them in
+  // place would keep them in memory: it is emptied.
+  for (const auto& [_, states] : store_.spans_of(schema.name)) {
+    const auto& held = buffer_.sources();
+    if (std::any_of(held.begin(), held.end(),
+                    [&](const SlotSource& s) { return s.source == states.id; })) {
+      buffer_.clear();
+      break;
+    }
+  }
   std::string stale;
   if (!cache_file.empty() && std::filesystem::exists(cache_file)) {
     const double start = now_ms();

@@ -272,6 +272,27 @@ TEST_CASE("the KV buffer keeps module states across requests only while they are
   CHECK(cold.tokens == copied.tokens);
 }
 
+TEST_CASE("adding a schema again lets go of the states the engine's buffer held", "[cache]") {
+  auto engine = test::tiny_engine();
+  engine->add_schema_string(kSchema);
+  const std::string prompt = R"(<prompt schema="trip"><city/><rainy/>Where do we go?</prompt>)";
+  SamplingParams one;
+  one.max_new_tokens = 1;
+  const auto first = engine->generate_xml(prompt, one);
+  REQUIRE(first.cached_tokens > 0);
+  // One stored block the request used, held here as well.
+  const auto& layout = engine->layout("trip");
+  const torch::Tensor old = engine->store().find("trip", layout.module("city").spans[0])->kv;
+  if (first.in_place_tokens > 0) {
+    CHECK(old.use_count() >= 3);  // the store, the buffer's reference and this test
+  }
+  engine->add_schema_string(kSchema);  // recompiled: new blocks
+  CHECK(old.use_count() == 1);         // only this test still has the old one
+  const auto again = engine->generate_xml(prompt, one);
+  CHECK(again.reused_tokens == 0);
+  CHECK(again.tokens == first.tokens);
+}
+
 TEST_CASE("compile, store and assemble in bf16 and f16 on the test device", "[cache][half]") {
   const ModelConfig config = test::tiny_config();
   const auto weights = random_llama_weights(config, 1, 0.15);
