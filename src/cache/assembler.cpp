@@ -9,15 +9,6 @@
 namespace promptcache {
 namespace {
 
-// Whether attention over this cache reads slots held by reference in place: the fused CPU
-// kernel (f32, a head size it takes). Anywhere else the first forward would copy them in
-// anyway, so the assembler copies them itself and the time shows as assembly.
-bool attention_reads_in_place(const KVCache& cache) {
-  return cache.options().device().is_cpu() &&
-         c10::typeMetaToScalarType(cache.options().dtype()) == torch::kFloat32 &&
-         cpu_attention_available(cache.shape().head_dim);
-}
-
 // What one prompt needs: the stored blocks to copy (in slot order) and the fresh tokens.
 struct Plan {
   struct Copy {
@@ -108,7 +99,11 @@ AssembledPrompt Assembler::assemble(const pml::ResolvedPrompt& prompt, const pml
       kept == 0 ? 0 : copies[kept - 1].slot + copies[kept - 1].states->length();
   cache.truncate(kept_slots);
   cache.reserve(needed + std::max<int64_t>(extra_capacity, 0));
-  const bool in_place = options.in_place && attention_reads_in_place(cache);
+  // Only where the attention reads held slots in place (the fused CPU kernel): anywhere else the
+  // first forward would copy them in anyway, so they are copied here and the time shows as
+  // assembly.
+  const bool in_place =
+      options.in_place && cpu_attention_takes(cache.options(), cache.shape().head_dim);
   bool copied = false;
   for (std::size_t i = kept; i < copies.size(); ++i) {
     const auto& c = copies[i];

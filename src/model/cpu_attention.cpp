@@ -47,6 +47,12 @@ bool cpu_attention_available(int64_t head_dim) {
   return kernel_for(head_dim).fn != nullptr;
 }
 
+bool cpu_attention_takes(const torch::TensorOptions& options, int64_t head_dim) {
+  return options.device().is_cpu() &&
+         c10::typeMetaToScalarType(options.dtype()) == torch::kFloat32 &&
+         cpu_attention_available(head_dim);
+}
+
 std::vector<KVSegment> first_slots(const std::vector<KVSegment>& segments, int64_t count) {
   std::vector<KVSegment> out;
   for (const auto& s : segments) {
@@ -76,6 +82,13 @@ torch::Tensor attend_few_queries(const torch::Tensor& qg, const std::vector<KVSe
   if (!qg.device().is_cpu() || qg.scalar_type() != torch::kFloat32) {
     refuse("takes f32 tensors on the CPU");
   }
+  // Where each run's head (batch row 0, head 0) starts, and its batch and head strides (batch
+  // stride 0 for a run shared by every batch row).
+  struct Run {
+    const float *k, *v;
+    int64_t slots, k_batch, k_head, v_batch, v_head;
+  };
+  std::vector<Run> runs;
   int64_t slots = 0;
   for (const auto& s : segments) {
     const auto& k = s.keys;
@@ -95,6 +108,9 @@ torch::Tensor attend_few_queries(const torch::Tensor& qg, const std::vector<KVSe
     if (k.stride(3) != 1 || k.stride(2) != d || v.stride(3) != 1 || v.stride(2) != d) {
       refuse("each key and value must be a dense row of head_dim values");
     }
+    const bool shared = k.size(0) == 1;
+    runs.push_back({k.data_ptr<float>(), v.data_ptr<float>(), k.size(2), shared ? 0 : k.stride(0),
+                    k.stride(1), shared ? 0 : v.stride(0), v.stride(1)});
     slots += k.size(2);
   }
   const AttendKernel kernel = kernel_for(d);
@@ -117,19 +133,6 @@ torch::Tensor attend_few_queries(const torch::Tensor& qg, const std::vector<KVSe
     mask = mask_in.to(torch::kCPU, torch::kBool);
     if (mask.stride(-1) != 1) mask = mask.contiguous();
     tokens = mask.size(-2);
-  }
-  // Where each run's head (batch row 0, head 0) starts, and its batch and head strides (batch
-  // stride 0 for a run shared by every batch row).
-  struct Run {
-    const float *k, *v;
-    int64_t slots, k_batch, k_head, v_batch, v_head;
-  };
-  std::vector<Run> runs;
-  for (const auto& s : segments) {
-    const bool shared = s.keys.size(0) == 1;
-    runs.push_back({s.keys.data_ptr<float>(), s.values.data_ptr<float>(), s.keys.size(2),
-                    shared ? 0 : s.keys.stride(0), s.keys.stride(1),
-                    shared ? 0 : s.values.stride(0), s.values.stride(1)});
   }
   const auto q = qg.contiguous();
   auto out = torch::empty({b, hkv, rows, d}, qg.options());

@@ -92,10 +92,13 @@ torch::Tensor KVCache::value_slots(int64_t layer, int64_t begin, int64_t count) 
   return v_.at(layer).narrow(2, begin, count);
 }
 
+bool KVCache::block_shape_fits(const torch::Tensor& block) const {
+  return block.dim() == 5 && block.size(0) == shape_.layers && block.size(1) == 2 &&
+         block.size(2) == shape_.kv_heads && block.size(4) == shape_.head_dim;
+}
+
 void KVCache::write_block(int64_t slot, const torch::Tensor& block, int64_t row) {
-  const bool shape_ok = block.dim() == 5 && block.size(0) == shape_.layers && block.size(1) == 2 &&
-                        block.size(2) == shape_.kv_heads && block.size(4) == shape_.head_dim;
-  if (!shape_ok) {
+  if (!block_shape_fits(block)) {
     throw Error(ErrorKind::kInvalidArgument,
                 "KV cache write_block: a block must be [layers, 2, kv_heads, n, head_dim] = [" +
                     std::to_string(shape_.layers) + ", 2, " + std::to_string(shape_.kv_heads) +
@@ -113,9 +116,7 @@ void KVCache::write_block(int64_t slot, const torch::Tensor& block, int64_t row)
 
 void KVCache::append_block(const torch::Tensor& block, const std::vector<int64_t>& positions) {
   const auto n = static_cast<int64_t>(positions.size());
-  const bool shape_ok = block.dim() == 5 && block.size(0) == shape_.layers && block.size(1) == 2 &&
-                        block.size(2) == shape_.kv_heads && block.size(3) == n &&
-                        block.size(4) == shape_.head_dim && block.is_contiguous();
+  const bool shape_ok = block_shape_fits(block) && block.size(3) == n && block.is_contiguous();
   if (!shape_ok || block.scalar_type() != c10::typeMetaToScalarType(options_.dtype()) ||
       block.device() != all_.device()) {
     throw Error(ErrorKind::kInvalidArgument,
@@ -155,36 +156,31 @@ std::vector<KVSegment> KVCache::segments(int64_t layer, int64_t count) const {
     throw Error(ErrorKind::kInvalidArgument, "KV cache segments outside the buffer");
   }
   std::vector<KVSegment> out;
-  int64_t slot = 0;
-  auto buffer_run = [&](int64_t end) {
-    if (end > slot) {
-      out.push_back({k_[layer].narrow(2, slot, end - slot), v_[layer].narrow(2, slot, end - slot)});
-    }
-  };
-  for (const auto& h : held_) {
-    if (h.slot >= count) break;
-    buffer_run(h.slot);
-    const int64_t take = std::min(h.count, count - h.slot);
-    if (take == h.kv.size(3)) {
-      out.push_back({h.k[layer], h.v[layer]});
+  for (const SlotRun& run : slot_runs(count)) {
+    if (run.held == nullptr) {
+      out.push_back(
+          {k_[layer].narrow(2, run.begin, run.count), v_[layer].narrow(2, run.begin, run.count)});
+    } else if (run.count == run.held->kv.size(3)) {
+      out.push_back({run.held->k[layer], run.held->v[layer]});
     } else {
-      out.push_back({h.k[layer].narrow(2, 0, take), h.v[layer].narrow(2, 0, take)});
+      out.push_back(
+          {run.held->k[layer].narrow(2, 0, run.count), run.held->v[layer].narrow(2, 0, run.count)});
     }
-    slot = h.slot + take;
   }
-  buffer_run(count);
   return out;
 }
 
-std::vector<std::pair<int64_t, int64_t>> KVCache::buffer_runs(int64_t end) const {
-  std::vector<std::pair<int64_t, int64_t>> runs;
+std::vector<KVCache::SlotRun> KVCache::slot_runs(int64_t end) const {
+  std::vector<SlotRun> runs;
   int64_t slot = 0;
   for (const auto& h : held_) {
     if (h.slot >= end) break;
-    if (h.slot > slot) runs.emplace_back(slot, h.slot - slot);
-    slot = h.slot + h.count;
+    if (h.slot > slot) runs.push_back({slot, h.slot - slot, nullptr});
+    const int64_t count = std::min(h.count, end - h.slot);
+    runs.push_back({h.slot, count, &h});
+    slot = h.slot + count;
   }
-  if (end > slot) runs.emplace_back(slot, end - slot);
+  if (end > slot) runs.push_back({slot, end - slot, nullptr});
   return runs;
 }
 
@@ -234,8 +230,9 @@ void KVCache::reserve(int64_t capacity) {
   const torch::Tensor old = all_;
   allocate(capacity);
   // Only the slots the buffer itself holds: held runs were never written there.
-  for (const auto& [begin, count] : buffer_runs(length_)) {
-    all_.narrow(4, begin, count).copy_(old.narrow(4, begin, count));
+  for (const SlotRun& run : slot_runs(length_)) {
+    if (run.held != nullptr) continue;
+    all_.narrow(4, run.begin, run.count).copy_(old.narrow(4, run.begin, run.count));
   }
   shape_.capacity = capacity;
 }
@@ -271,14 +268,15 @@ void KVCache::keep_rows(const std::vector<int64_t>& rows) {
                       std::to_string(shape_.batch) + ", got " + std::to_string(rows[j]));
     }
   }
-  const auto runs = buffer_runs(length_);  // held runs serve every row: nothing to move there
+  const auto runs = slot_runs(length_);
   for (std::size_t j = 0; j < rows.size(); ++j) {
     const auto to = static_cast<int64_t>(j);
     if (rows[j] == to) continue;  // ascending: a row only moves down, onto one already dropped
-    for (const auto& [begin, count] : runs) {
+    for (const SlotRun& run : runs) {
+      if (run.held != nullptr) continue;  // held runs serve every row: nothing to move there
       all_.narrow(2, to, 1)
-          .narrow(4, begin, count)
-          .copy_(all_.narrow(2, rows[j], 1).narrow(4, begin, count));
+          .narrow(4, run.begin, run.count)
+          .copy_(all_.narrow(2, rows[j], 1).narrow(4, run.begin, run.count));
     }
   }
   shape_.batch = static_cast<int64_t>(rows.size());

@@ -368,11 +368,9 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
     cache.write_pending(index, k, v);
   }
   const int64_t total = cache.length() + n;
-  // The fused kernel reads the slots where they are, module states left in the store included
-  // (KVCache::segments); the other paths take views of the buffer, which copy those in first.
-  const bool fused = !sdpa_ && q.device().is_cpu() && q.scalar_type() == torch::kFloat32 &&
-                     c10::typeMetaToScalarType(cache.options().dtype()) == torch::kFloat32 &&
-                     cpu_attention_available(d);
+  // The fused kernel reads the slots where they are, module states left in the store included;
+  // the other paths take views of the buffer, which copy those in first.
+  const bool fused = in.fused_attention;
   torch::Tensor keys, values;
   if (!fused) {
     keys = cache.key_slots(index, 0, total);
@@ -499,6 +497,8 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
   LayerInputs in;
   // A few rows on the CPU take the fused elementwise steps (promptcache/model/cpu_ops.hpp).
   in.small_ops = !sdpa_ && cpu_small_ops_apply(x);
+  in.fused_attention = !sdpa_ && options_.device.is_cpu() && options_.dtype == torch::kFloat32 &&
+                       cpu_attention_takes(cache.options(), config_.head_dim);
   in.mask = mask;
   in.causal = !options.attention_mask.defined();
   in.open_slots = open_slots;

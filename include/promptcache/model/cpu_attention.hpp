@@ -29,6 +29,10 @@ std::vector<KVSegment> first_slots(const std::vector<KVSegment>& segments, int64
 
 // Whether attend_few_queries() takes f32 heads of size head_dim with the current kernel choice.
 bool cpu_attention_available(int64_t head_dim);
+// Whether it takes keys and values of these options (f32 on the CPU) with heads of head_dim: the
+// rule by which the model's attention reads a KV cache through it, and so reads slots the cache
+// holds by reference in place.
+bool cpu_attention_takes(const torch::TensorOptions& options, int64_t head_dim);
 
 // qg [b, kv_heads, rows, d]: rows = groups * n query rows per KV head, group-major (row g * n + i
 // is token i of query head g), already scaled by 1/sqrt(d). The slots are the runs of

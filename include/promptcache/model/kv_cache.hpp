@@ -129,8 +129,16 @@ class KVCache {
     std::vector<torch::Tensor> k, v;  // per layer: [1, kv_heads, n, head_dim] views of kv
   };
   void allocate(int64_t capacity);
-  // The runs of slots [0, end) the buffer itself holds (not held by a block): {begin, count}.
-  std::vector<std::pair<int64_t, int64_t>> buffer_runs(int64_t end) const;
+  // Slots [begin, begin + count), held by `held` (its first count slots) or, when null, by the
+  // buffer itself.
+  struct SlotRun {
+    int64_t begin = 0, count = 0;
+    const HeldBlock* held = nullptr;
+  };
+  // Slots [0, end) as such runs, in slot order.
+  std::vector<SlotRun> slot_runs(int64_t end) const;
+  // Whether `block` is [layers, 2, kv_heads, n, head_dim] for this cache (any n).
+  bool block_shape_fits(const torch::Tensor& block) const;
   // Copies every block-held run overlapping slots [begin, end) into the buffer.
   void materialize(int64_t begin, int64_t end) const;
 

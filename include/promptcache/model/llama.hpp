@@ -95,6 +95,9 @@ class LlamaModel {
   // What every layer of one forward shares, decided once per forward.
   struct LayerInputs {
     bool small_ops = false;  // the fused elementwise steps of cpu_ops.hpp
+    // The fused attention of cpu_attention.hpp, which reads the cache's slots where they are
+    // (KVCache::segments); the other paths take views of the buffer.
+    bool fused_attention = false;
     // RoPE tables: [b, n, d] dense f32 for the fused steps, else [b or 1, 1, n, d] in the
     // model's dtype (broadcast over the heads).
     torch::Tensor cos, sin;

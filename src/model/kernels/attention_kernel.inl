@@ -85,14 +85,13 @@ inline void weighted_values(const float* p, Index ldp, const Segment* segs, Inde
   }
   for (Index s = 0; s < nseg; ++s) {
     const float* v = segs[s].v;
-    const float* ps = p;
     for (Index j = 0; j < segs[s].slots; ++j) {
       typename Vec::Reg vv[C];
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) vv[c] = Vec::load(v + j * d + c0 + c * Vec::kWidth);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        const typename Vec::Reg b = Vec::set1(ps[r * ldp + j]);
+        const typename Vec::Reg b = Vec::set1(p[r * ldp + j]);
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) acc[r][c] = Vec::fma(vv[c], b, acc[r][c]);
       }
