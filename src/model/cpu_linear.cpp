@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "kernels/kernels.hpp"
 #include "promptcache/model/threads.hpp"
@@ -104,8 +105,18 @@ torch::Tensor linear_layer(const torch::Tensor& x, const torch::Tensor& weight) 
   constexpr int64_t kGrain = 12 * 16;
   const int threads =
       static_cast<int>(std::min<int64_t>(kernel_threads(), (n + kGrain - 1) / kGrain));
+  // Each thread transposes x into its own scratch (kept between calls: a fresh allocation of
+  // that size would be page-faulted anew each time).
+  const bool lanes = m >= kernels::kLinearLaneMinRows;
+  auto scratch = [&]() -> float* {
+    if (!lanes) return nullptr;
+    thread_local std::vector<float> xt;
+    const auto need = static_cast<std::size_t>(kernels::linear_scratch_floats(m, k));
+    if (xt.size() < need) xt.resize(need);
+    return xt.data();
+  };
   if (threads <= 1) {
-    fn(xp, m, k, wp, 0, n, op, n);
+    fn(xp, m, k, wp, 0, n, op, n, scratch());
     return out;
   }
   const int64_t share = ((n + threads - 1) / threads + 11) / 12 * 12;
@@ -113,7 +124,7 @@ torch::Tensor linear_layer(const torch::Tensor& x, const torch::Tensor& weight) 
   {
     const int64_t n0 = std::min<int64_t>(n, omp_get_thread_num() * share);
     const int64_t n1 = std::min<int64_t>(n, n0 + share);
-    if (n0 < n1) fn(xp, m, k, wp, n0, n1, op, n);
+    if (n0 < n1) fn(xp, m, k, wp, n0, n1, op, n, scratch());
   }
   return out;
 }

@@ -1,6 +1,6 @@
 // The fused few-query CPU attention equals softmax(q kᵀ, masked) v computed in double precision
 // for every kernel the processor has, across head sizes, row counts (every register-block and
-// row-chunk tail), slot counts (whole and partial key tiles), masks and thread counts.
+// row-chunk tail), slot counts (whole and partial key blocks), masks and thread counts.
 #include <torch/types.h>
 #include "support/catch_torch.hpp"
 
@@ -111,8 +111,9 @@ TEST_CASE("fused CPU attention over several runs of slots equals one run", "[att
     REQUIRE(select_cpu_linear(kernel));
     for (int64_t d : {8, 16, 64}) {
       if (!cpu_attention_available(d)) continue;
-      // 5 rows take dot products, 16 and 40 the transposed key tiles (kAttendTileMinRows).
-      for (int64_t rows : {5, 16, 40}) {
+      // 5 rows take dot products, 12 rows and more run along the vector lanes
+      // (kAttendLaneMinRows), 100 rows in several chunks.
+      for (int64_t rows : {5, 12, 17, 40, 100}) {
         for (int trial = 0; trial < 4; ++trial) {
           const int64_t b = 2, h = 2;
           // Runs of random lengths (single slots and runs that start mid-tile among them); every

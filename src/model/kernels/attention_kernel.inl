@@ -7,11 +7,11 @@
 // library calls, that is per KV head one GEMM for the scores, a mask fill, a softmax and one
 // GEMM with V: four passes, and OpenBLAS (pthreads build) ran calls made from two threads at
 // once no faster than one after the other. Here one thread takes a KV head and does all of it in
-// one call: the scores of up to kAttendRowChunk rows stay in its scratch (L2), the softmax and
-// the product with V read them from there, and the threads work on different heads at once.
-// On bench-small, 16 tokens over 2064 slots, the attention of all 12 layers went from ~20 ms to
-// ~8 ms (two threads, AVX-512), which is about what its multiplies cost at the rate the linear
-// kernels reach.
+// one call: the scores of a chunk of rows stay in its scratch (L2), the softmax and the product
+// with V read them from there, and the threads work on different heads at once. The query rows
+// run along the vector lanes (lane_rows below): on bench-small, 16 tokens over 2064 slots, the
+// attention of all 12 layers takes ~5.5 ms on two AVX-512 threads, where library calls took
+// ~20 ms and key tiles transposed in registers ~8 ms (docs/benchmarks.md).
 
 namespace {
 
@@ -148,80 +148,197 @@ inline void weighted_values_row_tail(int rows, const float* p, Index ldp, const 
   }
 }
 
-// Scores of R query rows against a tile of 2 * kWidth keys transposed into kt [d][2 * kWidth]:
-// s[r, 0 .. 2 * kWidth) = q[r] . key. The key dimension runs down the vector lanes, so there is
-// nothing to reduce across lanes (a dot product per score would end in a horizontal sum, which
-// for a 64-wide head costs as much as its multiplies).
-template <int R>
-inline void tile_scores(const float* q, Index d, const float* kt, float* s, Index lds) {
-  constexpr int kTile = 2 * Vec::kWidth;
-  typename Vec::Reg acc[R][2];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = Vec::zero();
+// ---- Query rows along the lanes (kAttendLaneMinRows rows and more) ----
+// A chunk of up to Vec::kLaneRowVecs * kWidth query rows is laid out with its rows running along
+// the vector lanes: the queries transposed, qt[i][r], and the scores st[j][r]. Keys and values are
+// then read in their stored rows and broadcast one element at a time, so nothing is transposed per
+// key tile and the softmax's maximum and sum are lane-wise. Each block keeps kLaneAcc
+// accumulators: RV row vectors times J keys (scores) or J value columns (output).
+
+// st[j][r] = q[r] . k[j] for the J keys of one block; while it runs, it asks for the next block's
+// keys (to L1, needed next) and its own block's values (to L2, needed after the softmax): both
+// stream in while the multiplies run, instead of stalling the product with V later.
+template <int RV, int J>
+inline void lane_scores_block(const float* qt, Index d, const float* k, const float* v, float* st,
+                              Index ld) {
+  typename Vec::Reg acc[J][RV];
+#pragma GCC unroll 32
+  for (int j = 0; j < J; ++j) {
+#pragma GCC unroll 4
+    for (int c = 0; c < RV; ++c) acc[j][c] = Vec::zero();
+  }
+  // A block's keys (or values) are J * d floats: d steps of J floats cover the next block's.
+  const char* next_keys = reinterpret_cast<const char*>(k + J * d);
+  const char* values = reinterpret_cast<const char*>(v);
   for (Index i = 0; i < d; ++i) {
-    const typename Vec::Reg a0 = Vec::load(kt + i * kTile);
-    const typename Vec::Reg a1 = Vec::load(kt + i * kTile + Vec::kWidth);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const typename Vec::Reg b = Vec::set1(q[r * d + i]);
-      acc[r][0] = Vec::fma(a0, b, acc[r][0]);
-      acc[r][1] = Vec::fma(a1, b, acc[r][1]);
+    __builtin_prefetch(next_keys + i * J * 4, 0, 3);
+    __builtin_prefetch(values + i * J * 4, 0, 2);
+    typename Vec::Reg qv[RV];
+#pragma GCC unroll 4
+    for (int c = 0; c < RV; ++c) qv[c] = Vec::load(qt + i * ld + c * Vec::kWidth);
+#pragma GCC unroll 32
+    for (int j = 0; j < J; ++j) {
+      const typename Vec::Reg b = Vec::set1(k[j * d + i]);
+#pragma GCC unroll 4
+      for (int c = 0; c < RV; ++c) acc[j][c] = Vec::fma(qv[c], b, acc[j][c]);
     }
   }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-    Vec::store(s + r * lds, acc[r][0]);
-    Vec::store(s + r * lds + Vec::kWidth, acc[r][1]);
-  }
-}
-
-template <int R>
-inline void tile_scores_tail(int rows, const float* q, Index d, const float* kt, float* s,
-                             Index lds) {
-  if constexpr (R > 0) {
-    if (rows == R) {
-      tile_scores<R>(q, d, kt, s, lds);
-    } else {
-      tile_scores_tail<R - 1>(rows, q, d, kt, s, lds);
-    }
+#pragma GCC unroll 32
+  for (int j = 0; j < J; ++j) {
+#pragma GCC unroll 4
+    for (int c = 0; c < RV; ++c) Vec::store(st + j * ld + c * Vec::kWidth, acc[j][c]);
   }
 }
 
-// scores[r, j] = q[r] . k[j] for `rows` rows and every slot of one run, tile by tile. Whole
-// tiles are stored: up to a tile's width of columns past `slots` get zero keys' scores (the
-// score stride leaves room for them).
-inline void all_scores(const float* q, Index rows, Index d, const float* k, Index slots, float* kt,
-                       float* scores, Index lds) {
-  constexpr int kTile = 2 * Vec::kWidth;
-  for (Index j0 = 0; j0 < slots; j0 += kTile) {
-    const Index cols = slots - j0 < kTile ? slots - j0 : kTile;
-    // The next tile's keys are asked for now; they arrive while this tile's scores are made.
-    if (j0 + 2 * kTile <= slots) {
-      const char* next = reinterpret_cast<const char*>(k + (j0 + kTile) * d);
-      for (Index byte = 0; byte < kTile * d * 4; byte += 64) __builtin_prefetch(next + byte, 0, 3);
-    }
-    if (cols == kTile) {
-      // Square blocks of kWidth keys x kWidth dims, transposed in registers.
-      for (Index i0 = 0; i0 < d; i0 += Vec::kWidth) {
-        Vec::transpose(k + j0 * d + i0, d, kt + i0 * kTile, kTile);
-        Vec::transpose(k + (j0 + Vec::kWidth) * d + i0, d, kt + i0 * kTile + Vec::kWidth, kTile);
-      }
+// The last (fewer than J) keys of a run: picks the block instantiated for exactly that many.
+template <int RV, int J>
+inline void lane_scores_tail(int keys, const float* qt, Index d, const float* k, const float* v,
+                             float* st, Index ld) {
+  if constexpr (J > 0) {
+    if (keys == J) {
+      lane_scores_block<RV, J>(qt, d, k, v, st, ld);
     } else {
-      for (Index c = 0; c < cols; ++c) {
-        const float* key = k + (j0 + c) * d;
-        for (Index i = 0; i < d; ++i) kt[i * kTile + c] = key[i];
-      }
-      for (Index c = cols; c < kTile; ++c) {
-        for (Index i = 0; i < d; ++i) kt[i * kTile + c] = 0.0f;
+      lane_scores_tail<RV, J - 1>(keys, qt, d, k, v, st, ld);
+    }
+  }
+}
+
+// The scores of one run of slots.
+template <int RV>
+inline void lane_scores(const float* qt, Index d, const Segment& run, float* st, Index ld) {
+  constexpr int J = Vec::kLaneAcc / RV;
+  Index j = 0;
+  for (; j + J <= run.slots; j += J) {
+    lane_scores_block<RV, J>(qt, d, run.k + j * d, run.v + j * d, st + j * ld, ld);
+  }
+  if (j < run.slots) {
+    lane_scores_tail<RV, J - 1>(static_cast<int>(run.slots - j), qt, d, run.k + j * d,
+                                run.v + j * d, st + j * ld, ld);
+  }
+}
+
+// acc[c][r] += sum_j p[j][r] * v[j][c0 + c] over `n` slots, for C columns; the sums live in
+// sums[c][r] between calls.
+template <int RV, int C>
+inline void lane_values_block(const float* p, const float* v, Index n, Index d, Index c0,
+                              float* sums, Index ld) {
+  typename Vec::Reg acc[C][RV];
+#pragma GCC unroll 32
+  for (int c = 0; c < C; ++c) {
+#pragma GCC unroll 4
+    for (int r = 0; r < RV; ++r) acc[c][r] = Vec::load(sums + (c0 + c) * ld + r * Vec::kWidth);
+  }
+  for (Index j = 0; j < n; ++j) {
+    typename Vec::Reg pv[RV];
+#pragma GCC unroll 4
+    for (int r = 0; r < RV; ++r) pv[r] = Vec::load(p + j * ld + r * Vec::kWidth);
+#pragma GCC unroll 32
+    for (int c = 0; c < C; ++c) {
+      const typename Vec::Reg b = Vec::set1(v[j * d + c0 + c]);
+#pragma GCC unroll 4
+      for (int r = 0; r < RV; ++r) acc[c][r] = Vec::fma(pv[r], b, acc[c][r]);
+    }
+  }
+#pragma GCC unroll 32
+  for (int c = 0; c < C; ++c) {
+#pragma GCC unroll 4
+    for (int r = 0; r < RV; ++r) Vec::store(sums + (c0 + c) * ld + r * Vec::kWidth, acc[c][r]);
+  }
+}
+
+template <int RV, int C>
+inline void lane_values_tail(int cols, const float* p, const float* v, Index n, Index d, Index c0,
+                             float* sums, Index ld) {
+  if constexpr (C > 0) {
+    if (cols == C) {
+      lane_values_block<RV, C>(p, v, n, d, c0, sums, ld);
+    } else {
+      lane_values_tail<RV, C - 1>(cols, p, v, n, d, c0, sums, ld);
+    }
+  }
+}
+
+// The attention of `rows` (at most RV * kWidth) query rows starting at row r0.
+template <int RV>
+inline void lane_rows(const promptcache::kernels::AttendArgs& a, Index r0, Index rows,
+                      float* scratch) {
+  constexpr Index ld = RV * Vec::kWidth;
+  constexpr int J = Vec::kLaneAcc / RV;
+  constexpr float kNegInf = -__builtin_inff();
+  const Index d = a.d, slots = a.slots;
+  float* qt = scratch;             // [d][ld]
+  float* st = qt + d * ld;         // [slots][ld]
+  float* sums = st + slots * ld;   // [d][ld]
+  for (Index i = 0; i < d; ++i) {  // padding lanes get zero queries (their results are dropped)
+    for (Index r = 0; r < ld; ++r) qt[i * ld + r] = r < rows ? a.q[(r0 + r) * d + i] : 0.0f;
+  }
+  Index first = 0;
+  for (Index s = 0; s < a.segment_count; ++s) {
+    lane_scores<RV>(qt, d, a.segments[s], st + first * ld, ld);
+    first += a.segments[s].slots;
+  }
+  if (a.mask != nullptr) {
+    for (Index j = a.open; j < slots; ++j) {
+      for (Index r = 0; r < rows; ++r) {
+        if (!a.mask[((r0 + r) % a.tokens) * a.mask_ld + j]) st[j * ld + r] = kNegInf;
       }
     }
-    Index r = 0;
-    for (; r + Vec::kScoreRows <= rows; r += Vec::kScoreRows) {
-      tile_scores<Vec::kScoreRows>(q + r * d, d, kt, scores + r * lds + j0, lds);
+  }
+  typename Vec::Reg top[RV], total[RV];
+  for (int r = 0; r < RV; ++r) top[r] = Vec::set1(kNegInf), total[r] = Vec::zero();
+  for (Index j = 0; j < slots; ++j) {
+    for (int r = 0; r < RV; ++r)
+      top[r] = Vec::max(top[r], Vec::load(st + j * ld + r * Vec::kWidth));
+  }
+  // A row that sees no slot has maximum -inf: subtracting 0 instead makes its terms e^-inf = 0.
+  for (int r = 0; r < RV; ++r) top[r] = Vec::zero_below(top[r], Vec::set1(-3.0e38f), top[r]);
+  for (Index j = 0; j < slots; ++j) {
+    for (int r = 0; r < RV; ++r) {
+      float* at = st + j * ld + r * Vec::kWidth;
+      const typename Vec::Reg e = exp_nonpositive(Vec::sub(Vec::load(at), top[r]));
+      Vec::store(at, e);
+      total[r] = Vec::add(total[r], e);
     }
-    if (r < rows) {
-      tile_scores_tail<Vec::kScoreRows - 1>(static_cast<int>(rows - r), q + r * d, d, kt,
-                                            scores + r * lds + j0, lds);
+  }
+  float scale[ld];
+  for (int r = 0; r < RV; ++r) Vec::store(scale + r * Vec::kWidth, total[r]);
+  for (Index r = 0; r < ld; ++r) scale[r] = scale[r] > 0.0f ? 1.0f / scale[r] : 0.0f;
+  // The product with V, a block of kLaneValueSlots slots at a time: that block's values and
+  // weights stay in L1 while every column block uses them.
+  for (Index i = 0; i < d * ld; ++i) sums[i] = 0.0f;
+  const float* p = st;
+  for (Index s = 0; s < a.segment_count; ++s) {
+    const Segment& run = a.segments[s];
+    for (Index j0 = 0; j0 < run.slots; j0 += Vec::kLaneValueSlots) {
+      const Index n = run.slots - j0 < Vec::kLaneValueSlots ? run.slots - j0 : Vec::kLaneValueSlots;
+      Index c0 = 0;
+      for (; c0 + J <= d; c0 += J) {
+        lane_values_block<RV, J>(p + j0 * ld, run.v + j0 * d, n, d, c0, sums, ld);
+      }
+      if (c0 < d) {
+        lane_values_tail<RV, J - 1>(static_cast<int>(d - c0), p + j0 * ld, run.v + j0 * d, n, d, c0,
+                                    sums, ld);
+      }
+    }
+    p += run.slots * ld;
+  }
+  for (Index r = 0; r < rows; ++r) {
+    for (Index c = 0; c < d; ++c) a.out[(r0 + r) * d + c] = sums[c * ld + r] * scale[r];
+  }
+}
+
+// Rows along the lanes, in chunks of up to kLaneRowVecs vectors of rows.
+inline void attend_rows_in_lanes(const promptcache::kernels::AttendArgs& a, Index r0, Index rows) {
+  constexpr Index kChunk = Vec::kLaneRowVecs * Vec::kWidth;
+  for (Index r = r0; r < r0 + rows; r += kChunk) {
+    const Index n = r0 + rows - r < kChunk ? r0 + rows - r : kChunk;
+    const Index vecs = (n + Vec::kWidth - 1) / Vec::kWidth;
+    if (vecs >= 3) {
+      lane_rows<3>(a, r, n, a.scratch);
+    } else if (vecs == 2) {
+      lane_rows<2>(a, r, n, a.scratch);
+    } else {
+      lane_rows<1>(a, r, n, a.scratch);
     }
   }
 }
@@ -230,44 +347,38 @@ inline void all_scores(const float* q, Index rows, Index d, const float* k, Inde
 // multiple of Vec::kWidth.
 void attend_rows(const promptcache::kernels::AttendArgs& a) {
   namespace pk = promptcache::kernels;
-  static_assert(2 * Vec::kWidth <= pk::kAttendTile);
+  static_assert(Vec::kLaneRowVecs * Vec::kWidth <= pk::kAttendRowChunk);
+  static_assert(Vec::kLaneRowVecs <= 3);
   const Index slots = a.slots, d = a.d;
-  const Index lds = pk::attend_score_stride(slots);
-  float* scores = a.scratch;                          // [chunk, lds]
-  float* scale = scores + pk::kAttendRowChunk * lds;  // [chunk]
-  float* kt = scale + pk::kAttendRowChunk;            // [d, 2 * kWidth]
-  for (Index r0 = 0; r0 < a.rows; r0 += pk::kAttendRowChunk) {
-    const Index chunk = a.rows - r0 < pk::kAttendRowChunk ? a.rows - r0 : pk::kAttendRowChunk;
-    // Run by run, in slot order: a run's last tile may spill into the next run's columns, which
-    // that run then overwrites.
-    Index first = 0;
-    for (Index s = 0; s < a.segment_count; ++s) {
-      const Segment& seg = a.segments[s];
-      // Transposing a key tile pays off when many rows use it; a decode step's few rows take
-      // dot products instead.
-      if (chunk >= pk::kAttendTileMinRows) {
-        all_scores(a.q + r0 * d, chunk, d, seg.k, seg.slots, kt, scores + first, lds);
-      } else {
-        linear_rows(a.q + r0 * d, chunk, d, seg.k, 0, seg.slots, scores + first, lds);
-      }
-      first += seg.slots;
-    }
-    for (Index r = 0; r < chunk; ++r) {
-      const Index token = (r0 + r) % a.tokens;
-      const bool* mask_row = a.mask == nullptr ? nullptr : a.mask + token * a.mask_ld;
-      const float sum = softmax_numerators(scores + r * lds, slots, mask_row, a.open);
-      scale[r] = sum > 0.0f ? 1.0f / sum : 0.0f;
-    }
-    Index r = 0;
-    for (; r + Vec::kValueRows <= chunk; r += Vec::kValueRows) {
-      weighted_values_rows<Vec::kValueRows>(scores + r * lds, lds, a.segments, a.segment_count, d,
-                                            scale + r, a.out + (r0 + r) * d);
-    }
-    if (r < chunk) {
-      weighted_values_row_tail<Vec::kValueRows - 1>(static_cast<int>(chunk - r), scores + r * lds,
-                                                    lds, a.segments, a.segment_count, d, scale + r,
-                                                    a.out + (r0 + r) * d);
-    }
+  if (a.rows >= pk::kAttendLaneMinRows) {
+    attend_rows_in_lanes(a, 0, a.rows);
+    return;
+  }
+  // A decode step's few rows: dot products for the scores (linear_rows), row by row.
+  const Index lds = slots;
+  float* scores = a.scratch;                          // [rows, slots]
+  float* scale = scores + pk::kAttendRowChunk * lds;  // [rows]
+  const Index rows = a.rows;
+  Index first = 0;
+  for (Index s = 0; s < a.segment_count; ++s) {
+    const Segment& seg = a.segments[s];
+    linear_rows(a.q, rows, d, seg.k, 0, seg.slots, scores + first, lds, nullptr);
+    first += seg.slots;
+  }
+  for (Index r = 0; r < rows; ++r) {
+    const bool* mask_row = a.mask == nullptr ? nullptr : a.mask + (r % a.tokens) * a.mask_ld;
+    const float sum = softmax_numerators(scores + r * lds, slots, mask_row, a.open);
+    scale[r] = sum > 0.0f ? 1.0f / sum : 0.0f;
+  }
+  Index r = 0;
+  for (; r + Vec::kValueRows <= rows; r += Vec::kValueRows) {
+    weighted_values_rows<Vec::kValueRows>(scores + r * lds, lds, a.segments, a.segment_count, d,
+                                          scale + r, a.out + r * d);
+  }
+  if (r < rows) {
+    weighted_values_row_tail<Vec::kValueRows - 1>(static_cast<int>(rows - r), scores + r * lds, lds,
+                                                  a.segments, a.segment_count, d, scale + r,
+                                                  a.out + r * d);
   }
 }
 

@@ -1,6 +1,7 @@
 // src/model/kernels/avx2.cpp — the CPU kernels for AVX2 + FMA (8 floats per register).
-// Linear: 3 weight rows x 4 tokens = 12 of the 16 registers hold sums. Attention values:
-// 3 rows x 4 vectors = 12 sums.
+// Linear: 3 weight rows x 4 tokens = 12 of the 16 registers hold sums. Attention: 12 sums too,
+// 3 vectors of query rows (24 rows) x 4 keys or value columns; a decode step's values 3 rows x
+// 4 vectors.
 #include "kernels.hpp"
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__)
@@ -10,30 +11,11 @@ namespace {
 struct Vec {
   using Reg = __m256;
   static constexpr int kWidth = 8, kRows = 3, kTokens = 4, kValueRows = 3, kValueCols = 4,
-                       kScoreRows = 6;
+                       kLaneAcc = 12, kLaneRowVecs = 3, kLaneValueSlots = 64, kLinearLaneAcc = 12,
+                       kLinearLaneVecs = 2;
   static __m256i first(int n) {  // lanes [0, n) set
     const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lanes);
-  }
-  // dst[i * dst_stride + c] = src[c * src_stride + i] for an 8 x 8 block: 24 shuffles.
-  static void transpose(const float* src, long long src_stride, float* dst, long long dst_stride) {
-    __m256 r[8], t[8];
-    for (int c = 0; c < 8; ++c) r[c] = _mm256_loadu_ps(src + c * src_stride);
-    for (int c = 0; c < 8; c += 2) {
-      t[c] = _mm256_unpacklo_ps(r[c], r[c + 1]);
-      t[c + 1] = _mm256_unpackhi_ps(r[c], r[c + 1]);
-    }
-    for (int c = 0; c < 8; c += 4) {
-      r[c] = _mm256_shuffle_ps(t[c], t[c + 2], _MM_SHUFFLE(1, 0, 1, 0));
-      r[c + 1] = _mm256_shuffle_ps(t[c], t[c + 2], _MM_SHUFFLE(3, 2, 3, 2));
-      r[c + 2] = _mm256_shuffle_ps(t[c + 1], t[c + 3], _MM_SHUFFLE(1, 0, 1, 0));
-      r[c + 3] = _mm256_shuffle_ps(t[c + 1], t[c + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    for (int c = 0; c < 4; ++c) {
-      t[c] = _mm256_permute2f128_ps(r[c], r[c + 4], 0x20);
-      t[c + 4] = _mm256_permute2f128_ps(r[c], r[c + 4], 0x31);
-    }
-    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(dst + i * dst_stride, t[i]);
   }
   static Reg zero() { return _mm256_setzero_ps(); }
   static Reg set1(float x) { return _mm256_set1_ps(x); }

@@ -1,6 +1,7 @@
 // src/model/kernels/avx512.cpp — the CPU kernels for AVX-512F (16 floats per register).
-// Linear: 4 weight rows x 6 tokens = 24 of the 32 registers hold sums. Attention values:
-// 6 rows x 4 vectors (a 64-wide head) = 24 sums.
+// Linear: 4 weight rows x 6 tokens = 24 of the 32 registers hold sums. Attention: 24 sums too,
+// 3 vectors of query rows (48 rows) x 8 keys or value columns; a decode step's values 6 rows x
+// 4 vectors (a 64-wide head).
 #include "kernels.hpp"
 
 #if defined(__x86_64__) && defined(__AVX512F__)
@@ -10,35 +11,9 @@ namespace {
 struct Vec {
   using Reg = __m512;
   static constexpr int kWidth = 16, kRows = 4, kTokens = 6, kValueRows = 6, kValueCols = 4,
-                       kScoreRows = 6;
+                       kLaneAcc = 24, kLaneRowVecs = 3, kLaneValueSlots = 64, kLinearLaneAcc = 12,
+                       kLinearLaneVecs = 2;
   static __mmask16 first(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
-  // dst[i * dst_stride + c] = src[c * src_stride + i] for a 16 x 16 block: 64 shuffles.
-  static void transpose(const float* src, long long src_stride, float* dst, long long dst_stride) {
-    __m512 r[16], t[16];
-    for (int c = 0; c < 16; ++c) r[c] = _mm512_loadu_ps(src + c * src_stride);
-    for (int c = 0; c < 16; c += 2) {  // interleave pairs of rows, 32-bit lanes
-      t[c] = _mm512_unpacklo_ps(r[c], r[c + 1]);
-      t[c + 1] = _mm512_unpackhi_ps(r[c], r[c + 1]);
-    }
-    for (int c = 0; c < 16; c += 4) {  // then 64-bit lanes: 4 x 4 blocks within each 128 bits
-      const auto pd = [](__m512 v) { return _mm512_castps_pd(v); };
-      r[c] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[c]), pd(t[c + 2])));
-      r[c + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[c]), pd(t[c + 2])));
-      r[c + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[c + 1]), pd(t[c + 3])));
-      r[c + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[c + 1]), pd(t[c + 3])));
-    }
-    for (int h = 0; h < 16; h += 8) {  // then 128-bit lanes, twice
-      for (int c = 0; c < 4; ++c) {
-        t[h + c] = _mm512_shuffle_f32x4(r[h + c], r[h + c + 4], 0x88);
-        t[h + c + 4] = _mm512_shuffle_f32x4(r[h + c], r[h + c + 4], 0xdd);
-      }
-    }
-    for (int c = 0; c < 8; ++c) {
-      r[c] = _mm512_shuffle_f32x4(t[c], t[c + 8], 0x88);
-      r[c + 8] = _mm512_shuffle_f32x4(t[c], t[c + 8], 0xdd);
-    }
-    for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * dst_stride, r[i]);
-  }
   static Reg zero() { return _mm512_setzero_ps(); }
   static Reg set1(float x) { return _mm512_set1_ps(x); }
   static Reg load(const float* p) { return _mm512_loadu_ps(p); }

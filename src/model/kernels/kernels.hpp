@@ -6,9 +6,20 @@
 namespace promptcache::kernels {
 
 // out[t * ldo + j] = sum_i x[t * k + i] * w[j * k + i] for t in [0, m) and j in [n0, n1).
-// x is m x k, w is (at least n1) x k, both row-major and dense; f32.
+// x is m x k, w is (at least n1) x k, both row-major and dense; f32. `scratch` is null or
+// linear_scratch_floats(m, k) floats of the calling thread: with it, kLinearLaneMinRows rows and
+// more run along the vector lanes (x transposed into the scratch). Up to 12 rows the weight-row
+// blocks take at most two passes of 6 tokens (AVX-512) and are as fast or faster; from 13 on the
+// lanes are (16 tokens: 17.3-17.9 against 19.7-19.8 ms for bench-small's 12 layers,
+// docs/benchmarks.md).
 using LinearRowsFn = void (*)(const float* x, long long m, long long k, const float* w,
-                              long long n0, long long n1, float* out, long long ldo);
+                              long long n0, long long n1, float* out, long long ldo,
+                              float* scratch);
+constexpr long long kLinearLaneMinRows = 13;
+// x transposed, its tokens padded to a multiple of 16 (the widest vector).
+constexpr long long linear_scratch_floats(long long m, long long k) {
+  return k * ((m + 15) / 16 * 16);
+}
 
 // One run of a KV head's slots: `slots` keys and as many values, each a dense row of d floats.
 // The slots of one call may lie in several runs (the module states an assembled request reads
@@ -38,22 +49,15 @@ struct AttendArgs {
 };
 using AttendRowsFn = void (*)(const AttendArgs& args);
 
-// Query rows the attention kernel takes at a time: its scores for that many rows over every slot
-// live in the scratch buffer.
+// Query rows the attention kernel's scratch is sized for: a call with fewer than
+// kAttendLaneMinRows rows (a decode step) keeps their scores row by row; from that many on, rows
+// go in chunks of at most this many along the vector lanes.
 constexpr long long kAttendRowChunk = 48;
-// From this many rows on, the scores are computed tile by tile against transposed keys; the
-// widest tile (AVX-512) has 32 keys.
-constexpr long long kAttendTileMinRows = 12;
-constexpr long long kAttendTile = 32;
-// A row of scores is padded past the last whole tile: each run's last tile is stored whole (the
-// next run's scores then overwrite its extra columns), so a run that starts mid-tile may write up
-// to a tile beyond the slots.
-constexpr long long attend_score_stride(long long slots) {
-  return (slots + kAttendTile - 1) / kAttendTile * kAttendTile + kAttendTile;
-}
-// Scratch floats attend_rows needs for one call: scores, one scale per row, a transposed tile.
+constexpr long long kAttendLaneMinRows = 12;
+// Scratch floats attend_rows needs for one call: the scores of a chunk of rows over every slot,
+// the chunk's queries and output sums (transposed), and one scale per row.
 constexpr long long attend_scratch_floats(long long d, long long slots) {
-  return kAttendRowChunk * (attend_score_stride(slots) + 1) + d * kAttendTile;
+  return kAttendRowChunk * (slots + 2 * d + 1);
 }
 
 // Compiled with AVX-512F / with AVX2+FMA enabled; call only where the CPU has them. Null on

@@ -4,11 +4,12 @@
 // that instruction set enabled.
 //
 // out[t, j] = sum_i x[t, i] * w[j, i] for a few rows t of x (fresh tokens, one decode token) and
-// the weight rows j in [n0, n1). Each block keeps kRows weight rows and kTokens token rows of
-// partial sums in registers, so a weight row is read from memory once and reused from L1 for
-// every token group. No packing: the weights are streamed in their stored layout, which is what
-// makes this faster than a general GEMM when there are only a few rows (a GEMM packs the whole
-// weight matrix on every call).
+// the weight rows j in [n0, n1). Up to 12 rows, each block keeps kRows weight rows and kTokens
+// token rows of partial sums in registers, so a weight row is read from memory once and reused
+// from L1 for every token group; from 13 rows on, the tokens run along the vector lanes
+// (lane_linear below). No packing: the weights are streamed in their stored layout, which is
+// what makes this faster than a general GEMM when there are only a few rows (a GEMM packs the
+// whole weight matrix on every call).
 //
 // Everything here has internal linkage and the file includes no standard headers, so no
 // inline function compiled for this ISA can be merged with a generic copy by the linker.
@@ -84,9 +85,108 @@ inline void linear_block_tail(int tokens, const float* x, Index k, const float* 
   }
 }
 
+// ---- Tokens along the lanes (kLinearLaneMinRows rows of x and more) ----
+// x is transposed once per call into xt [k][tv * kWidth] (tokens padded with zeros), and each
+// weight element is broadcast against a vector of tokens: no sums across lanes at the end, and
+// every weight row is still read once per block of J rows. With 16 tokens (a question) the
+// 12 layers' linears of bench-small took 17.3-17.9 ms against 19.7-19.8 with the blocks above,
+// with 64 tokens 48 against 62-63 ms (docs/benchmarks.md).
+
+// sums[j][t] = sum_i w[j][i] * xt[i][t] for J weight rows and TV vectors of tokens; `next` is
+// the next block's first row, asked for (to L2) one line per row every kWidth steps.
+template <int TV, int J>
+inline void lane_linear_block(const float* xt, Index ldx, Index k, const float* w, float* sums,
+                              const float* next) {
+  typename Vec::Reg acc[J][TV];
+#pragma GCC unroll 32
+  for (int j = 0; j < J; ++j) {
+#pragma GCC unroll 4
+    for (int t = 0; t < TV; ++t) acc[j][t] = Vec::zero();
+  }
+  for (Index i = 0; i < k; ++i) {
+    if (next != nullptr && i % Vec::kWidth == 0) {
+#pragma GCC unroll 32
+      for (int j = 0; j < J; ++j) __builtin_prefetch(next + j * k + i, 0, kPrefetchLocality);
+    }
+    typename Vec::Reg xv[TV];
+#pragma GCC unroll 4
+    for (int t = 0; t < TV; ++t) xv[t] = Vec::load(xt + i * ldx + t * Vec::kWidth);
+#pragma GCC unroll 32
+    for (int j = 0; j < J; ++j) {
+      const typename Vec::Reg b = Vec::set1(w[j * k + i]);
+#pragma GCC unroll 4
+      for (int t = 0; t < TV; ++t) acc[j][t] = Vec::fma(b, xv[t], acc[j][t]);
+    }
+  }
+#pragma GCC unroll 32
+  for (int j = 0; j < J; ++j) {
+#pragma GCC unroll 4
+    for (int t = 0; t < TV; ++t)
+      Vec::store(sums + j * (TV * Vec::kWidth) + t * Vec::kWidth, acc[j][t]);
+  }
+}
+
+template <int TV, int J>
+inline void lane_linear_tail(int rows, const float* xt, Index ldx, Index k, const float* w,
+                             float* sums, const float* next) {
+  if constexpr (J > 0) {
+    if (rows == J) {
+      lane_linear_block<TV, J>(xt, ldx, k, w, sums, next);
+    } else {
+      lane_linear_tail<TV, J - 1>(rows, xt, ldx, k, w, sums, next);
+    }
+  }
+}
+
+// Weight rows [n0, n1), J at a time; each block of rows meets the tokens in passes of up to
+// kLinearLaneVecs vectors while its rows are in L1, and the first pass asks for the next block.
+template <int J>
+inline void lane_linear_blocks(const float* xt, Index ldx, Index m, Index k, const float* w,
+                               Index n0, Index n1, float* out, Index ldo) {
+  static_assert(Vec::kLinearLaneVecs == 2);
+  constexpr Index kPassTokens = Vec::kLinearLaneVecs * Vec::kWidth;
+  float sums[J * kPassTokens];
+  for (Index j = n0; j < n1; j += J) {
+    const int rows = static_cast<int>(n1 - j < J ? n1 - j : J);
+    const float* wj = w + j * k;
+    for (Index t0 = 0; t0 < m; t0 += kPassTokens) {
+      const Index tokens = m - t0 < kPassTokens ? m - t0 : kPassTokens;
+      const float* next = t0 == 0 && j + J < n1 ? w + (j + J) * k : nullptr;
+      const Index width = tokens > Vec::kWidth ? 2 * Vec::kWidth : Vec::kWidth;
+      if (width > Vec::kWidth) {
+        lane_linear_tail<2, J>(rows, xt + t0, ldx, k, wj, sums, next);
+      } else {
+        lane_linear_tail<1, J>(rows, xt + t0, ldx, k, wj, sums, next);
+      }
+      for (Index t = 0; t < tokens; ++t) {
+        for (int r = 0; r < rows; ++r) out[(t0 + t) * ldo + j + r] = sums[r * width + t];
+      }
+    }
+  }
+}
+
+// All m rows of x, transposed first into xt.
+inline void lane_linear(const float* x, Index m, Index k, const float* w, Index n0, Index n1,
+                        float* out, Index ldo, float* xt) {
+  const Index ldx = (m + Vec::kWidth - 1) / Vec::kWidth * Vec::kWidth;
+  for (Index i = 0; i < k; ++i) {
+    for (Index t = 0; t < ldx; ++t) xt[i * ldx + t] = t < m ? x[t * k + i] : 0.0f;
+  }
+  // As many weight rows per block as the accumulators allow for the widest pass.
+  if (ldx > Vec::kWidth) {
+    lane_linear_blocks<Vec::kLinearLaneAcc / 2>(xt, ldx, m, k, w, n0, n1, out, ldo);
+  } else {
+    lane_linear_blocks<Vec::kLinearLaneAcc>(xt, ldx, m, k, w, n0, n1, out, ldo);
+  }
+}
+
 // The entry point each ISA unit exports (signature of kernels::LinearRowsFn).
 void linear_rows(const float* x, Index m, Index k, const float* w, Index n0, Index n1, float* out,
-                 Index ldo) {
+                 Index ldo, float* xt) {
+  if (xt != nullptr && m >= promptcache::kernels::kLinearLaneMinRows) {
+    lane_linear(x, m, k, w, n0, n1, out, ldo, xt);
+    return;
+  }
   const int passes = static_cast<int>((m + Vec::kTokens - 1) / Vec::kTokens);
   for (Index j = n0; j < n1; j += Vec::kRows) {
     const int rows = static_cast<int>(n1 - j < Vec::kRows ? n1 - j : Vec::kRows);
