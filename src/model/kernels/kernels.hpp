@@ -10,7 +10,7 @@ namespace promptcache::kernels {
 // linear_scratch_floats(m, k) floats of the calling thread: with it, kLinearLaneMinRows rows and
 // more run along the vector lanes (x transposed into the scratch). Up to 12 rows the weight-row
 // blocks take at most two passes of 6 tokens (AVX-512) and are as fast or faster; from 13 on the
-// lanes are (16 tokens: 17.3-17.9 against 19.7-19.8 ms for bench-small's 12 layers,
+// lanes are (16 tokens: 14.7-15.2 against 18.5-18.8 ms for bench-small's 12 layers,
 // docs/benchmarks.md).
 using LinearRowsFn = void (*)(const float* x, long long m, long long k, const float* w,
                               long long n0, long long n1, float* out, long long ldo,

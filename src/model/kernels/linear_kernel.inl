@@ -89,14 +89,23 @@ inline void linear_block_tail(int tokens, const float* x, Index k, const float* 
 // x is transposed once per call into xt [k][tv * kWidth] (tokens padded with zeros), and each
 // weight element is broadcast against a vector of tokens: no sums across lanes at the end, and
 // every weight row is still read once per block of J rows. With 16 tokens (a question) the
-// 12 layers' linears of bench-small took 17.3-17.9 ms against 19.7-19.8 with the blocks above,
-// with 64 tokens 48 against 62-63 ms (docs/benchmarks.md).
+// 12 layers' linears of bench-small take 14.7-15.2 ms against 18.5-18.8 with the blocks above,
+// with 64 tokens 44-49 against 57 ms (docs/benchmarks.md).
 
-// sums[j][t] = sum_i w[j][i] * xt[i][t] for J weight rows and TV vectors of tokens; `next` is
-// the next block's first row, asked for (to L2) one line per row every kWidth steps.
+// The lines a block of rows reads next are asked for one row per step, staggered (row r at steps
+// r, r + kWidth, ...), never all at once: every row crosses into a new line at the same step, and
+// 12 rows' misses at once, plus as many requests for the next block, stalled the loads. Each
+// step asks for (to L1) its row's line kLaneAheadFloats ahead and, when `next` is set, (to L2)
+// the same line of the next block's row. With 16 tokens the 12 layers' linears of bench-small
+// took 14.7-15.2 ms this way against 16.7-16.9 with both requested for all rows every kWidth steps.
+constexpr Index kLaneAheadFloats = 64;
+
+// sums[j][t] = sum_i w[j][i] * xt[i][t] for J weight rows and TV vectors of tokens; `ahead`
+// asks for the rows' next lines (the first pass over a block), `next` is the next block's first
+// row or null.
 template <int TV, int J>
 inline void lane_linear_block(const float* xt, Index ldx, Index k, const float* w, float* sums,
-                              const float* next) {
+                              bool ahead, const float* next) {
   typename Vec::Reg acc[J][TV];
 #pragma GCC unroll 32
   for (int j = 0; j < J; ++j) {
@@ -104,9 +113,13 @@ inline void lane_linear_block(const float* xt, Index ldx, Index k, const float* 
     for (int t = 0; t < TV; ++t) acc[j][t] = Vec::zero();
   }
   for (Index i = 0; i < k; ++i) {
-    if (next != nullptr && i % Vec::kWidth == 0) {
-#pragma GCC unroll 32
-      for (int j = 0; j < J; ++j) __builtin_prefetch(next + j * k + i, 0, kPrefetchLocality);
+    if (ahead) {
+      const int step = static_cast<int>(i % Vec::kWidth);
+      const Index line = i - step;
+      for (int j = step; j < J; j += Vec::kWidth) {
+        __builtin_prefetch(w + j * k + line + kLaneAheadFloats, 0, 3);
+        if (next != nullptr) __builtin_prefetch(next + j * k + line, 0, kPrefetchLocality);
+      }
     }
     typename Vec::Reg xv[TV];
 #pragma GCC unroll 4
@@ -128,12 +141,12 @@ inline void lane_linear_block(const float* xt, Index ldx, Index k, const float* 
 
 template <int TV, int J>
 inline void lane_linear_tail(int rows, const float* xt, Index ldx, Index k, const float* w,
-                             float* sums, const float* next) {
+                             float* sums, bool ahead, const float* next) {
   if constexpr (J > 0) {
     if (rows == J) {
-      lane_linear_block<TV, J>(xt, ldx, k, w, sums, next);
+      lane_linear_block<TV, J>(xt, ldx, k, w, sums, ahead, next);
     } else {
-      lane_linear_tail<TV, J - 1>(rows, xt, ldx, k, w, sums, next);
+      lane_linear_tail<TV, J - 1>(rows, xt, ldx, k, w, sums, ahead, next);
     }
   }
 }
@@ -154,9 +167,9 @@ inline void lane_linear_blocks(const float* xt, Index ldx, Index m, Index k, con
       const float* next = t0 == 0 && j + J < n1 ? w + (j + J) * k : nullptr;
       const Index width = tokens > Vec::kWidth ? 2 * Vec::kWidth : Vec::kWidth;
       if (width > Vec::kWidth) {
-        lane_linear_tail<2, J>(rows, xt + t0, ldx, k, wj, sums, next);
+        lane_linear_tail<2, J>(rows, xt + t0, ldx, k, wj, sums, t0 == 0, next);
       } else {
-        lane_linear_tail<1, J>(rows, xt + t0, ldx, k, wj, sums, next);
+        lane_linear_tail<1, J>(rows, xt + t0, ldx, k, wj, sums, t0 == 0, next);
       }
       for (Index t = 0; t < tokens; ++t) {
         for (int r = 0; r < rows; ++r) out[(t0 + t) * ldo + j + r] = sums[r * width + t];
