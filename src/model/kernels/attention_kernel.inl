@@ -167,12 +167,11 @@ inline void lane_scores_block(const float* qt, Index d, const float* k, const fl
 #pragma GCC unroll 4
     for (int c = 0; c < RV; ++c) acc[j][c] = Vec::zero();
   }
-  // A block's keys (or values) are J * d floats: d steps of J floats cover the next block's.
-  const char* next_keys = reinterpret_cast<const char*>(k + J * d);
-  const char* values = reinterpret_cast<const char*>(v);
+  // A block's keys (or values) are J * d floats: d steps of J floats cover the next block's (past
+  // a run's last block, whatever follows it: prefetch_address never faults).
   for (Index i = 0; i < d; ++i) {
-    __builtin_prefetch(next_keys + i * J * 4, 0, 3);
-    __builtin_prefetch(values + i * J * 4, 0, 2);
+    __builtin_prefetch(prefetch_address(k, J * d + i * J), 0, 3);
+    __builtin_prefetch(prefetch_address(v, i * J), 0, 2);
     typename Vec::Reg qv[RV];
 #pragma GCC unroll 4
     for (int c = 0; c < RV; ++c) qv[c] = Vec::load(qt + i * ld + c * Vec::kWidth);

@@ -21,6 +21,13 @@ using Index = long long;
 // token rows can exceed L1 for wide rows (k = 2048 floats is 8 KiB a row).
 constexpr int kPrefetchLocality = 2;
 
+// The address `floats` floats past p, for a prefetch only: computed as an integer, since it may
+// lie past the end of the array (a request there is dropped, and the loop stays branch-free).
+inline const void* prefetch_address(const float* p, Index floats) {
+  return reinterpret_cast<const void*>(reinterpret_cast<__UINTPTR_TYPE__>(p) +
+                                       static_cast<__UINTPTR_TYPE__>(floats) * sizeof(float));
+}
+
 // Prefetching: while a block multiplies its weight rows it asks for rows of the next block
 // (`next`): those whose index has its bit set in `prefetch_rows`. With several token groups per
 // block, linear_rows spreads the next block's rows over the groups' passes, so memory keeps
@@ -117,8 +124,10 @@ inline void lane_linear_block(const float* xt, Index ldx, Index k, const float* 
       const int step = static_cast<int>(i % Vec::kWidth);
       const Index line = i - step;
       for (int j = step; j < J; j += Vec::kWidth) {
-        __builtin_prefetch(w + j * k + line + kLaneAheadFloats, 0, 3);
-        if (next != nullptr) __builtin_prefetch(next + j * k + line, 0, kPrefetchLocality);
+        __builtin_prefetch(prefetch_address(w, j * k + line + kLaneAheadFloats), 0, 3);
+        if (next != nullptr) {
+          __builtin_prefetch(prefetch_address(next, j * k + line), 0, kPrefetchLocality);
+        }
       }
     }
     typename Vec::Reg xv[TV];
