@@ -1,6 +1,6 @@
 // src/model/kernels/avx2.cpp — the CPU kernels for AVX2 + FMA (8 floats per register).
 // Linear: 3 weight rows x 4 tokens = 12 of the 16 registers hold sums; from 13 rows of x on,
-// 6 weight rows x 16 tokens (or 12 x 8) = 12 sums along the lanes. Attention: 12 sums too,
+// 6 weight rows x 16 tokens = 12 sums along the lanes. Attention: 12 sums too,
 // 3 vectors of query rows (24 rows) x 4 keys or value columns; a decode step's values 3 rows x
 // 4 vectors.
 #include "kernels.hpp"
