@@ -59,10 +59,16 @@ CLI::Validator positive_number() {
 void add_model_options(CLI::App& app, ModelOptions& o, bool model_required) {
   auto* model =
       app.add_option("--model,-m", o.model_dir,
-                     "HuggingFace model folder (config.json, *.safetensors, tokenizer.model)");
+                     "HuggingFace model folder (config.json, *.safetensors, tokenizer.json or "
+                     "tokenizer.model): Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3");
   if (model_required) model->required();
   app.add_option("--device", o.device, "cpu or cuda[:N]")->capture_default_str();
-  app.add_option("--dtype", o.dtype, "f32, f16 or bf16")->capture_default_str();
+  app.add_option("--dtype", o.dtype,
+                 "compute dtype (activations, KV cache, module states): f32, f16 or bf16")
+      ->capture_default_str();
+  app.add_option("--weights", o.weights,
+                 "dtype the weights are kept in: f32, bf16 or f16 (default: --dtype; bf16/f16 "
+                 "with f32 compute on the CPU halves the weights' memory)");
   app.add_option("--threads", o.threads, "CPU threads (0 = all cores)")
       ->capture_default_str()
       ->check(whole_number(0, std::numeric_limits<int>::max()));
@@ -71,8 +77,9 @@ void add_model_options(CLI::App& app, ModelOptions& o, bool model_required) {
 void require_model(const ModelOptions& o) {
   if (!o.model_dir.empty()) return;
   throw UsageError(
-      "no model given: pass --model DIR (a HuggingFace Llama folder with config.json, "
-      "*.safetensors and tokenizer.model).\n"
+      "no model given: pass --model DIR (a HuggingFace folder of a Llama 2/3.x, Mistral, "
+      "Qwen2/2.5 or Qwen3 model: config.json, *.safetensors, tokenizer.json or "
+      "tokenizer.model).\n"
       "  For a quick start without downloads, make a synthetic one:\n"
       "    promptcache make-model --shape tiny --out /tmp/tiny-llama\n"
       "  then pass --model /tmp/tiny-llama");

@@ -23,6 +23,7 @@ struct ModelOptions {
   std::string model_dir;
   std::string device = "cpu";
   std::string dtype = "f32";
+  std::string weights;  // empty: as --dtype
   int threads = 0;
 };
 void add_model_options(CLI::App& app, ModelOptions& o, bool model_required = false);
@@ -43,6 +44,7 @@ Command register_layout(CLI::App& root);
 Command register_run(CLI::App& root);
 Command register_qa(CLI::App& root);
 Command register_demo(CLI::App& root);
+Command register_tokenize(CLI::App& root);
 
 // Number checks whose messages say what is wanted ("--max-new-tokens: expects a whole number
 // >= 0, got 'abc'"); CLI11's own checks print the range as 0.000000 to 1.797693e+308.

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_common.hpp"
+#include "engine_setup.hpp"
 #include "promptcache/generation.hpp"
 #include "promptcache/model/llama.hpp"
 
@@ -27,18 +28,18 @@ Command register_generate(CLI::App& root) {
   add_sampling_options(*app, o->sampling);
   app->add_option("--text", o->text, "the prompt text")->required();
   app->add_flag("--json", o->json, "print one JSON object with text, ids and timings");
-  app->add_flag("--no-bos", o->no_bos, "do not prepend the BOS token");
+  app->add_flag(
+      "--no-bos", o->no_bos,
+      "do not prepend the BOS token (models whose tokenizer adds none, as Qwen's, never get one)");
   return {app, [o]() {
             require_model(o->model);
             const std::string threads = apply_threads(o->model);
-            LoadOptions load;
-            load.device = parse_device(o->model.device);
-            load.dtype = parse_dtype(o->model.dtype);
+            const LoadOptions load = load_options(o->model);
             const auto model = LlamaModel::load(o->model.model_dir, load);
-            const auto tok = load_sentencepiece_tokenizer(o->model.model_dir + "/tokenizer.model");
+            const auto tok = load_tokenizer(o->model.model_dir);
             SamplingParams params = o->sampling.params;
             params.stop_strings = o->sampling.stop;
-            const auto prompt = tok->encode(o->text, !o->no_bos);
+            const auto prompt = tok->encode(o->text, !o->no_bos && tok->adds_bos());
             TokenCallback stream;
             if (!o->json) {
               std::cout << o->text << std::flush;
@@ -56,15 +57,19 @@ Command register_generate(CLI::App& root) {
                                   {"ttft_ms", r.timings.ttft_ms},
                                   {"prefill_tokens", r.timings.prefill_tokens},
                                   {"prefill_tokens_per_s", r.timings.prefill_tokens_per_s()},
-                                  {"decode_tokens_per_s", r.timings.decode_tokens_per_s()}};
+                                  {"decode_tokens_per_s", r.timings.decode_tokens_per_s()},
+                                  {"dtype", dtype_name(model->dtype())},
+                                  {"weights_dtype", dtype_name(model->weight_dtype())},
+                                  {"weight_bytes", model->weight_bytes()}};
               std::cout << j.dump() << "\n";
             } else {
               std::cout << "\n";
               std::cerr << fmt::format(
                   "[{} prompt tokens, {} generated; TTFT {:.1f} ms, prefill {:.0f} tok/s, decode "
-                  "{:.0f} tok/s; {}]\n",
+                  "{:.0f} tok/s; weights {} ({:.1f} MB); {}]\n",
                   prompt.size(), r.tokens.size(), r.timings.ttft_ms,
-                  r.timings.prefill_tokens_per_s(), r.timings.decode_tokens_per_s(), threads);
+                  r.timings.prefill_tokens_per_s(), r.timings.decode_tokens_per_s(),
+                  dtype_name(model->weight_dtype()), model->weight_bytes() / 1e6, threads);
             }
             return 0;
           }};

@@ -1,5 +1,5 @@
 // promptcache layout: a schema as its author needs to see it — spans, positions, cached or not —
-// plus warnings. Needs only config.json and tokenizer.model, not the weights.
+// plus warnings. Needs only config.json and the tokenizer, not the weights.
 #include <fmt/format.h>
 
 #include <filesystem>
@@ -67,29 +67,29 @@ Command register_layout(CLI::App& root) {
       "Example: promptcache layout schemas/docqa.xml --model /tmp/tiny");
   app->add_option("schema", o->schema, "schema XML file")->required();
   app->add_option("--model,-m", o->model.model_dir, "model folder (its tokenizer and context)");
-  app->add_option("--template", o->chat_template, "chat template: llama-2, chatml, plain");
+  app->add_option(
+      "--template", o->chat_template,
+      "chat template: llama-2, llama-3, mistral, chatml, plain (default: from the model)");
   app->add_flag("--ids", o->ids, "show token ids");
-  return {
-      app, [o]() {
-        require_model(o->model);
-        namespace fs = std::filesystem;
-        const auto config =
-            ModelConfig::from_json_file((fs::path(o->model.model_dir) / "config.json").string());
-        const auto tok = load_sentencepiece_tokenizer(
-            (fs::path(o->model.model_dir) / "tokenizer.model").string());
-        const auto tmpl =
-            pml::chat_template(o->chat_template.empty() ? config.chat_template : o->chat_template);
-        const auto layout = pml::layout(pml::parse_schema_file(o->schema), *tok, tmpl);
-        pml::RenderOptions render;
-        render.show_ids = o->ids;
-        std::cout << pml::render_layout(layout, render);
-        std::cout << fmt::format("total: {} of {} context positions\n", layout.total_length,
-                                 config.max_position_embeddings);
-        for (const auto& w : layout_warnings(layout, config.max_position_embeddings, *tok)) {
-          std::cout << "warning: " << w << "\n";
-        }
-        return 0;
-      }};
+  return {app, [o]() {
+            require_model(o->model);
+            namespace fs = std::filesystem;
+            const auto config = ModelConfig::from_json_file(
+                (fs::path(o->model.model_dir) / "config.json").string());
+            const auto tok = load_tokenizer(o->model.model_dir);
+            const auto tmpl = pml::chat_template(pml::choose_chat_template(
+                o->chat_template, config.chat_template, *tok, config.default_chat_template()));
+            const auto layout = pml::layout(pml::parse_schema_file(o->schema), *tok, tmpl);
+            pml::RenderOptions render;
+            render.show_ids = o->ids;
+            std::cout << pml::render_layout(layout, render);
+            std::cout << fmt::format("total: {} of {} context positions\n", layout.total_length,
+                                     config.max_position_embeddings);
+            for (const auto& w : layout_warnings(layout, config.max_position_embeddings, *tok)) {
+              std::cout << "warning: " << w << "\n";
+            }
+            return 0;
+          }};
 }
 
 }  // namespace promptcache::cli

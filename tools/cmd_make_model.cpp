@@ -1,4 +1,5 @@
-// promptcache make-model: a deterministic random Llama checkpoint with a trained tokenizer.
+// promptcache make-model: a deterministic random checkpoint of one of the supported families,
+// with a trained tokenizer or a real one given by --tokenizer.
 #include <fmt/format.h>
 
 #include <iostream>
@@ -15,22 +16,30 @@ Command register_make_model(CLI::App& root) {
     std::string out;
     std::uint64_t seed = 0;
     std::string dtype = "f32";
+    std::string tokenizer;
   };
   auto o = std::make_shared<Options>();
   auto* app = root.add_subcommand(
       "make-model",
-      "Write a synthetic Llama model folder (random weights, trained tokenizer).\n"
-      "Example: promptcache make-model --shape bench-small --out /tmp/bench --seed 1");
-  app->add_option("--shape", o->shape, "tiny | bench-small | tinyllama-1.1b")
+      "Write a synthetic model folder (random weights, trained or given tokenizer).\n"
+      "Examples: promptcache make-model --shape bench-small --out /tmp/bench --seed 1\n"
+      "          promptcache make-model --shape qwen3-tiny --tokenizer qwen3/tokenizer.json "
+      "--out /tmp/q3");
+  app->add_option("--shape", o->shape,
+                  "tiny | bench-small | tinyllama-1.1b | qwen2-tiny | qwen3-tiny | llama3-tiny | "
+                  "mistral-tiny")
       ->capture_default_str()
       ->check(CLI::IsMember(synthetic_shapes()));
   app->add_option("--out,-o", o->out, "output folder")->required();
   app->add_option("--seed", o->seed, "weights seed")->capture_default_str();
   app->add_option("--dtype", o->dtype, "storage dtype: f32, f16 or bf16")->capture_default_str();
+  app->add_option("--tokenizer", o->tokenizer,
+                  "a real tokenizer.json or tokenizer.model to put in the folder (with the "
+                  "tokenizer_config.json beside it); the vocabulary grows to fit it");
   return {app, [o]() {
             const auto dtype = parse_dtype(o->dtype);
             std::cerr << fmt::format("making '{}' model in {} ...\n", o->shape, o->out);
-            make_synthetic_model(o->out, o->shape, o->seed, dtype);
+            make_synthetic_model(o->out, o->shape, o->seed, dtype, o->tokenizer);
             std::cout << o->out << "\n";
             return 0;
           }};

@@ -12,16 +12,24 @@ namespace promptcache::cli {
 void add_engine_flags(CLI::App& app, EngineFlags& flags) {
   app.add_option("--encoding", flags.encoding, "module encoding: scaffold or isolated")
       ->capture_default_str();
-  app.add_option("--template", flags.chat_template,
-                 "chat template: llama-2, chatml, plain (default: from the model)");
+  app.add_option(
+      "--template", flags.chat_template,
+      "chat template: llama-2, llama-3, mistral, chatml, plain (default: from the model)");
+}
+
+LoadOptions load_options(const ModelOptions& model) {
+  LoadOptions load;
+  load.device = parse_device(model.device);
+  load.dtype = parse_dtype(model.dtype);
+  if (!model.weights.empty()) load.weights = parse_dtype(model.weights);
+  return load;
 }
 
 std::unique_ptr<Engine> open_engine(const ModelOptions& model, const EngineFlags& flags) {
   require_model(model);
   apply_threads(model);
   EngineOptions options;
-  options.load.device = parse_device(model.device);
-  options.load.dtype = parse_dtype(model.dtype);
+  options.load = load_options(model);
   options.encoding = parse_encoding_mode(flags.encoding);
   options.chat_template = flags.chat_template;
   return Engine::open(model.model_dir, options);

@@ -13,6 +13,8 @@ struct EngineFlags {
   std::string chat_template;
 };
 void add_engine_flags(CLI::App& app, EngineFlags& flags);
+// The LoadOptions that --device, --dtype and --weights select.
+LoadOptions load_options(const ModelOptions& model);
 std::unique_ptr<Engine> open_engine(const ModelOptions& model, const EngineFlags& flags);
 // A one-line progress bar on stderr ("compiling docs: [#####.....] 3/6 passes").
 Engine::ProgressCallback progress_bar();

@@ -168,10 +168,15 @@ AssembledBatch Assembler::assemble_batch(const std::vector<BatchPrompt>& prompts
     }
     batch.rows.push_back(std::move(p.out));
   }
-  // The cache keeps one row of position ids (row 0's; -1 for its empty slots).
+  // Row 0's position ids (-1 for its empty slots).
   std::vector<int64_t> positions = plans[0].cached_positions;
   positions.resize(batch.cached_slots, -1);
   cache.fill_external(batch.cached_slots, positions);
+  for (int64_t row = 1; row < rows; ++row) {  // and each other row its own
+    std::vector<int64_t> own = plans[row].cached_positions;
+    own.resize(batch.cached_slots, -1);
+    cache.set_row_positions(row, 0, own);
+  }
   synchronize(cache.all_slots(0, 1));
   batch.ms = now_ms() - start;
   return batch;

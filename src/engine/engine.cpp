@@ -34,8 +34,9 @@ void check_context(const AssembledPrompt& a, int64_t limit, const std::string& w
 Engine::Engine(std::unique_ptr<LlamaModel> model, std::unique_ptr<Tokenizer> tokenizer,
                EngineOptions options)
     : model_(std::move(model)), tokenizer_(std::move(tokenizer)), options_(std::move(options)) {
-  template_ = pml::chat_template(options_.chat_template.empty() ? model_->config().chat_template
-                                                                : options_.chat_template);
+  const ModelConfig& config = model_->config();
+  template_ = pml::chat_template(pml::choose_chat_template(
+      options_.chat_template, config.chat_template, *tokenizer_, config.default_chat_template()));
   if (tokenizer_->vocab_size() > static_cast<std::size_t>(model_->config().vocab_size)) {
     throw Error(ErrorKind::kModel, "the tokenizer has " + std::to_string(tokenizer_->vocab_size()) +
                                        " pieces but the model only " +
@@ -45,13 +46,8 @@ Engine::Engine(std::unique_ptr<LlamaModel> model, std::unique_ptr<Tokenizer> tok
 
 std::unique_ptr<Engine> Engine::open(const std::string& model_dir, EngineOptions options) {
   auto model = LlamaModel::load(model_dir, options.load);
-  const std::string tok_path = (std::filesystem::path(model_dir) / "tokenizer.model").string();
-  if (!std::filesystem::exists(tok_path)) {
-    throw Error(ErrorKind::kModel, "tokenizer.model is missing (a SentencePiece model is needed)",
-                {model_dir});
-  }
-  return std::make_unique<Engine>(std::move(model), load_sentencepiece_tokenizer(tok_path),
-                                  std::move(options));
+  // tokenizer.json (byte-level BPE) when the folder has one, else tokenizer.model.
+  return std::make_unique<Engine>(std::move(model), load_tokenizer(model_dir), std::move(options));
 }
 
 pml::Layout Engine::layout_only(const pml::Schema& schema) const {

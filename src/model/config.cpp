@@ -1,4 +1,5 @@
-// config.cpp — HF config.json parsing and writing for the Llama family.
+// config.cpp — HF config.json parsing and writing for the Llama-layer families (Llama, Mistral,
+// Qwen2, Qwen3): one place that turns each family's fields into FamilyTraits.
 #include "promptcache/model/config.hpp"
 
 #include "promptcache/error.hpp"
@@ -17,16 +18,10 @@ struct Arch {
   const char* architecture;
   const char* model_type;
 };
-const Arch kArchitectures[] = {{"LlamaForCausalLM", "llama"}, {"MistralForCausalLM", "mistral"}};
-
-std::string supported_architectures() {
-  std::string out;
-  for (const auto& a : kArchitectures) {
-    if (!out.empty()) out += ", ";
-    out += a.architecture;
-  }
-  return out;
-}
+const Arch kArchitectures[] = {{"LlamaForCausalLM", "llama"},
+                               {"MistralForCausalLM", "mistral"},
+                               {"Qwen2ForCausalLM", "qwen2"},
+                               {"Qwen3ForCausalLM", "qwen3"}};
 
 [[noreturn]] void fail(const std::string& origin, const std::string& message) {
   throw Error(ErrorKind::kModel, message, SourceLocation{origin, 0, 0, {}});
@@ -97,7 +92,10 @@ RopeScaling parse_rope_scaling(const json& v, const std::string& origin) {
     return r.number(key, r[key]);
   };
   if (type == "default") return rs;
-  if (type == "linear") {
+  if (type == "dynamic") {
+    rs.type = RopeScaling::Type::kDynamic;
+    rs.factor = need_number("factor");
+  } else if (type == "linear") {
     rs.type = RopeScaling::Type::kLinear;
     rs.factor = need_number("factor");
   } else if (type == "llama3") {
@@ -111,12 +109,70 @@ RopeScaling parse_rope_scaling(const json& v, const std::string& origin) {
     rs.original_max_position_embeddings = r.integer("original_max_position_embeddings");
   } else {
     fail(origin, "field 'rope_scaling' has unsupported type '" + type +
-                     "' (supported: default, linear, llama3)");
+                     "' (supported: default, linear, dynamic, llama3)");
   }
   return rs;
 }
 
+// The family switches: Llama's attention_bias/mlp_bias, Qwen2's q/k/v biases, Qwen3's per-head
+// q/k norms, and the sliding window of Mistral (every layer) or of Qwen with use_sliding_window
+// (layers from max_window_layers on, or as layer_types lists them).
+FamilyTraits parse_traits(const Reader& r, const json& j, const std::string& model_type,
+                          int64_t layers, const std::string& origin) {
+  FamilyTraits t;
+  const bool qwen = model_type == "qwen2" || model_type == "qwen3";
+  if (model_type == "llama" || model_type == "qwen3") {
+    t.qkv_bias = t.o_bias = r.boolean("attention_bias", false);
+  }
+  if (model_type == "qwen2") t.qkv_bias = true;  // Qwen2 always has them, o_proj never
+  if (model_type == "llama") t.mlp_bias = r.boolean("mlp_bias", false);
+  t.qk_norm = model_type == "qwen3";
+  const bool windowed = model_type == "mistral" || (qwen && r.boolean("use_sliding_window", false));
+  if (windowed && r.has("sliding_window")) {
+    t.sliding_window = r.integer("sliding_window");
+    if (t.sliding_window <= 0) {
+      fail(origin, "field 'sliding_window' must be positive or null, got " +
+                       std::to_string(t.sliding_window));
+    }
+  }
+  if (t.sliding_window == 0) return t;
+  if (r.has("layer_types")) {
+    const json& types = j["layer_types"];
+    if (!types.is_array() || static_cast<int64_t>(types.size()) != layers) {
+      fail(origin,
+           "field 'layer_types' must list one type per layer (" + std::to_string(layers) + ")");
+    }
+    for (const json& type : types) {
+      if (!type.is_string() || (type != "sliding_attention" && type != "full_attention")) {
+        fail(origin, "field 'layer_types' holds " + type.dump() +
+                         " (expected \"sliding_attention\" or \"full_attention\")");
+      }
+      t.sliding_layers.push_back(type == "sliding_attention");
+    }
+  } else if (qwen) {
+    const int64_t first = r.integer("max_window_layers", 0);
+    for (int64_t i = 0; i < layers; ++i) t.sliding_layers.push_back(i >= first);
+  }
+  return t;
+}
+
 }  // namespace
+
+std::string supported_architectures() {
+  std::string out;
+  for (const auto& a : kArchitectures) {
+    if (!out.empty()) out += ", ";
+    out += a.architecture;
+  }
+  return out;
+}
+
+std::string ModelConfig::default_chat_template() const {
+  if (model_type == "qwen2" || model_type == "qwen3") return "chatml";
+  if (model_type == "mistral") return "mistral";
+  if (vocab_size >= 128000 || rope_scaling.type == RopeScaling::Type::kLlama3) return "llama-3";
+  return "llama-2";
+}
 
 ModelConfig ModelConfig::from_json_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -153,7 +209,7 @@ ModelConfig ModelConfig::from_json_string(const std::string& text, const std::st
     }
     if (arch.empty()) {
       fail(origin, "missing field 'architectures' (and model_type '" + model_type +
-                       "' is not one of llama, mistral)");
+                       "' is not one of llama, mistral, qwen2, qwen3)");
     }
   }
   const Arch* known = nullptr;
@@ -165,7 +221,8 @@ ModelConfig ModelConfig::from_json_string(const std::string& text, const std::st
                      "' (supported: " + supported_architectures() + ")");
   }
   c.architecture = known->architecture;
-  c.model_type = model_type.empty() ? known->model_type : model_type;
+  // The architecture decides the family (and so which fields mean what), whatever model_type says.
+  c.model_type = known->model_type;
 
   c.hidden_size = r.integer("hidden_size");
   c.intermediate_size = r.integer("intermediate_size");
@@ -203,7 +260,12 @@ ModelConfig ModelConfig::from_json_string(const std::string& text, const std::st
     }
   }
   c.torch_dtype = r.string("torch_dtype", c.torch_dtype);
-  c.chat_template = r.string("promptcache_chat_template", "llama-2");
+  const std::string act = r.string("hidden_act", "silu");
+  if (act != "silu") {
+    fail(origin, "field 'hidden_act' is '" + act + "'; only 'silu' (SwiGLU) is supported");
+  }
+  c.traits = parse_traits(r, j, known->model_type, c.num_hidden_layers, origin);
+  c.chat_template = r.string("promptcache_chat_template", "");
   c.validate(origin);
   return c;
 }
@@ -243,6 +305,11 @@ void ModelConfig::validate(const std::string& origin) const {
       fail(origin, "field 'rope_scaling.original_max_position_embeddings' must be positive");
     }
   }
+  if (traits.sliding_window < 0) fail(origin, "field 'sliding_window' must not be negative");
+  if (!traits.sliding_layers.empty() &&
+      static_cast<int64_t>(traits.sliding_layers.size()) != num_hidden_layers) {
+    fail(origin, "field 'layer_types' must list one type per layer");
+  }
   if (bos_token_id < 0 || bos_token_id >= vocab_size) {
     fail(origin,
          "field 'bos_token_id' (" + std::to_string(bos_token_id) + ") is outside the vocabulary");
@@ -273,9 +340,11 @@ std::string ModelConfig::to_json_string() const {
       j["rope_scaling"] = nullptr;
       break;
     case RopeScaling::Type::kLinear:
-      j["rope_scaling"] = {
-          {"rope_type", "linear"}, {"type", "linear"}, {"factor", rope_scaling.factor}};
+    case RopeScaling::Type::kDynamic: {
+      const char* type = rope_scaling.type == RopeScaling::Type::kLinear ? "linear" : "dynamic";
+      j["rope_scaling"] = {{"rope_type", type}, {"type", type}, {"factor", rope_scaling.factor}};
       break;
+    }
     case RopeScaling::Type::kLlama3:
       j["rope_scaling"] = {
           {"rope_type", "llama3"},
@@ -286,7 +355,27 @@ std::string ModelConfig::to_json_string() const {
       break;
   }
   j["hidden_act"] = "silu";
-  j["attention_bias"] = false;
+  // Each family's own fields for its traits (what parse_traits reads back).
+  const FamilyTraits& t = traits;
+  const json window = t.sliding_window > 0 ? json(t.sliding_window) : json(nullptr);
+  if (model_type == "llama") {
+    j["attention_bias"] = t.qkv_bias;
+    j["mlp_bias"] = t.mlp_bias;
+  } else if (model_type == "mistral") {
+    j["sliding_window"] = window;
+  } else {  // qwen2, qwen3
+    if (model_type == "qwen3") j["attention_bias"] = t.qkv_bias;
+    j["use_sliding_window"] = t.sliding_window > 0;
+    j["sliding_window"] = window;
+    j["max_window_layers"] = 0;  // with use_sliding_window: every layer, unless layer_types says
+  }
+  if (t.sliding_window > 0 && !t.sliding_layers.empty()) {
+    json types = json::array();
+    for (int64_t i = 0; i < num_hidden_layers; ++i) {
+      types.push_back(t.layer_slides(i) ? "sliding_attention" : "full_attention");
+    }
+    j["layer_types"] = types;
+  }
   j["tie_word_embeddings"] = tie_word_embeddings;
   j["bos_token_id"] = bos_token_id;
   if (eos_token_ids.size() == 1) {
@@ -295,7 +384,7 @@ std::string ModelConfig::to_json_string() const {
     j["eos_token_id"] = eos_token_ids;  // a list, or [] for none
   }
   j["torch_dtype"] = torch_dtype;
-  j["promptcache_chat_template"] = chat_template;
+  if (!chat_template.empty()) j["promptcache_chat_template"] = chat_template;
   return j.dump(2) + "\n";
 }
 

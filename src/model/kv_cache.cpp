@@ -222,7 +222,38 @@ void KVCache::fill_external(int64_t count, const std::vector<int64_t>& positions
   }
   length_ += count;
   positions_.insert(positions_.end(), positions.begin(), positions.end());
+  for (auto& row : row_positions_) {
+    if (!row.empty()) row.insert(row.end(), positions.begin(), positions.end());
+  }
   for (int64_t p : positions) max_position_ = std::max(max_position_, p);
+}
+
+const std::vector<int64_t>& KVCache::row_positions(int64_t row) const {
+  if (row < 0 || row >= shape_.batch) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "KV cache row_positions: no batch row " + std::to_string(row));
+  }
+  const auto r = static_cast<std::size_t>(row);
+  return r < row_positions_.size() && !row_positions_[r].empty() ? row_positions_[r] : positions_;
+}
+
+void KVCache::set_row_positions(int64_t row, int64_t begin, const std::vector<int64_t>& positions) {
+  const auto n = static_cast<int64_t>(positions.size());
+  if (row < 0 || row >= shape_.batch || begin < 0 || begin + n > length_) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "KV cache set_row_positions outside the filled slots of its rows");
+  }
+  if (row == 0) {
+    std::copy(positions.begin(), positions.end(), positions_.begin() + begin);
+    max_position_ =
+        positions_.empty() ? -1 : *std::max_element(positions_.begin(), positions_.end());
+    return;
+  }
+  if (std::equal(positions.begin(), positions.end(), row_positions(row).begin() + begin)) return;
+  row_positions_.resize(static_cast<std::size_t>(shape_.batch));
+  auto& mine = row_positions_[static_cast<std::size_t>(row)];
+  if (mine.empty()) mine = positions_;
+  std::copy(positions.begin(), positions.end(), mine.begin() + begin);
 }
 
 void KVCache::reserve(int64_t capacity) {
@@ -247,6 +278,9 @@ void KVCache::truncate(int64_t length) {
   }
   length_ = length;
   positions_.resize(length);
+  for (auto& row : row_positions_) {
+    if (!row.empty()) row.resize(length);
+  }
   held_.erase(std::remove_if(held_.begin(), held_.end(),
                              [&](const HeldBlock& h) { return h.slot >= length; }),
               held_.end());
@@ -278,6 +312,18 @@ void KVCache::keep_rows(const std::vector<int64_t>& rows) {
           .narrow(4, run.begin, run.count)
           .copy_(all_.narrow(2, rows[j], 1).narrow(4, run.begin, run.count));
     }
+  }
+  if (!row_positions_.empty()) {
+    std::vector<std::vector<int64_t>> kept;
+    for (int64_t r : rows) kept.push_back(row_positions(r));
+    positions_ = kept[0];
+    max_position_ =
+        positions_.empty() ? -1 : *std::max_element(positions_.begin(), positions_.end());
+    for (auto& row : kept) {
+      if (row == positions_) row.clear();
+    }
+    kept[0].clear();
+    row_positions_ = std::move(kept);
   }
   shape_.batch = static_cast<int64_t>(rows.size());
   all_ = all_.narrow(2, 0, shape_.batch);

@@ -33,6 +33,20 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
   return weight * h.to(x.scalar_type());
 }
 
+// A linear layer's output plus its bias, in place (the output is the forward's own tensor).
+torch::Tensor with_bias(torch::Tensor y, const torch::Tensor& bias) {
+  return bias.defined() ? y.add_(bias) : y;
+}
+
+// RMSNorm over each head of a projection's output x [b, n, heads * d] (Qwen3's q_norm/k_norm).
+torch::Tensor head_norm(const torch::Tensor& x, const torch::Tensor& weight, int64_t heads,
+                        double eps, bool small_ops) {
+  const int64_t b = x.size(0), n = x.size(1), d = x.size(2) / heads;
+  auto per_head = x.reshape({b, n * heads, d});
+  auto normed = small_ops ? cpu_rms_norm(per_head, weight, eps) : rms_norm(per_head, weight, eps);
+  return normed.view({b, n, heads * d});
+}
+
 torch::Tensor rotate_half(const torch::Tensor& x) {
   const int64_t half = x.size(-1) / 2;
   return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
@@ -177,11 +191,25 @@ std::unique_ptr<LlamaModel> LlamaModel::from_tensors(const ModelConfig& config,
                 {origin});
   }
 #endif
+  const torch::Dtype weight_dtype = options.weights.value_or(options.dtype);
+  if (weight_dtype != options.dtype &&
+      !(options.device.is_cpu() && options.dtype == torch::kFloat32 &&
+        (weight_dtype == torch::kBFloat16 || weight_dtype == torch::kFloat16))) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "weights in " + dtype_name(weight_dtype) + " with " + dtype_name(options.dtype) +
+                    " compute: only the CPU with f32 compute takes bf16 or f16 weights; "
+                    "elsewhere the weights' dtype must equal the compute dtype",
+                {origin});
+  }
   std::unique_ptr<LlamaModel> m(new LlamaModel());
   m->config_ = config;
   m->options_ = options;
+  m->options_.weights = weight_dtype;
   m->sdpa_ = resolve_sdpa(options.attention, options.device, origin);
   const auto to_model = torch::TensorOptions().device(options.device).dtype(options.dtype);
+  const auto to_weights = torch::TensorOptions().device(options.device).dtype(weight_dtype);
+  // Matrices go to the weights' dtype (same dtype and device: the mmapped tensor itself, no
+  // copy), vectors (norms, biases) to the compute dtype.
   auto take = [&](const std::string& name, std::vector<int64_t> shape) {
     auto it = w.find(name);
     if (it == w.end()) {
@@ -194,8 +222,7 @@ std::unique_ptr<LlamaModel> LlamaModel::from_tensors(const ModelConfig& config,
                       " but config.json implies " + shape_string(shape),
                   {origin, 0, 0, "tensor '" + name + "'"});
     }
-    // Same device and dtype: this is the mmapped tensor itself, no copy.
-    return it->second.to(to_model);
+    return it->second.to(shape.size() == 2 ? to_weights : to_model);
   };
   const int64_t h = config.hidden_size, d = config.head_dim, f = config.intermediate_size;
   const int64_t hq = config.num_attention_heads, hkv = config.num_key_value_heads;
@@ -222,6 +249,23 @@ std::unique_ptr<LlamaModel> LlamaModel::from_tensors(const ModelConfig& config,
     l.w_gate = take(p + "mlp.gate_proj.weight", {f, h});
     l.w_up = take(p + "mlp.up_proj.weight", {f, h});
     l.w_down = take(p + "mlp.down_proj.weight", {h, f});
+    const FamilyTraits& t = config.traits;
+    if (t.qkv_bias) {
+      l.bq = take(p + "self_attn.q_proj.bias", {hq * d});
+      l.bk = take(p + "self_attn.k_proj.bias", {hkv * d});
+      l.bv = take(p + "self_attn.v_proj.bias", {hkv * d});
+    }
+    if (t.o_bias) l.bo = take(p + "self_attn.o_proj.bias", {h});
+    if (t.mlp_bias) {
+      l.b_gate = take(p + "mlp.gate_proj.bias", {f});
+      l.b_up = take(p + "mlp.up_proj.bias", {f});
+      l.b_down = take(p + "mlp.down_proj.bias", {h});
+    }
+    if (t.qk_norm) {
+      l.q_norm = take(p + "self_attn.q_norm.weight", {d});
+      l.k_norm = take(p + "self_attn.k_norm.weight", {d});
+    }
+    l.sliding = t.layer_slides(i);
     m->layers_.push_back(std::move(l));
   }
   m->inv_freq_ = inverse_frequencies(config).to(options.device);
@@ -352,6 +396,15 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
   auto q = linear_layer(x, layer.wq);
   auto k = linear_layer(x, layer.wk);
   auto v = linear_layer(x, layer.wv);
+  if (layer.bq.defined()) {
+    q.add_(layer.bq);
+    k.add_(layer.bk);
+    v.add_(layer.bv);
+  }
+  if (layer.q_norm.defined()) {  // RMSNorm over each head's d values, before RoPE
+    q = head_norm(q, layer.q_norm, hq, config_.rms_norm_eps, in.small_ops);
+    k = head_norm(k, layer.k_norm, hkv, config_.rms_norm_eps, in.small_ops);
+  }
   bool q_scaled = false;
   if (in.small_ops) {
     // One pass: rotated, scaled queries [b, hq, n, d]; keys and values straight into the cache.
@@ -394,7 +447,8 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
     // reshape, not view: the fused CUDA kernels may return [b, rows, heads, d] memory seen as
     // [b, heads, rows, d], which cannot be viewed as [b, hq, n, d].
     out = out.reshape({b, hq, n, d}).transpose(1, 2).reshape({b, n, hq * d});
-    return linear_layer(out, layer.wo);  // the mask says it all for SDPA: causal is not needed
+    // The mask says it all for SDPA: causal is not needed.
+    return with_bias(linear_layer(out, layer.wo), layer.bo);
   }
 #endif
   // Queries go in blocks: score memory stays bounded, and under the causal rule a block needs
@@ -443,7 +497,38 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
     }
   }
   out = out.view({b, hq, n, d}).transpose(1, 2).reshape({b, n, hq * d});
-  return linear_layer(out, layer.wo);
+  return with_bias(linear_layer(out, layer.wo), layer.bo);
+}
+
+LlamaModel::LayerInputs LlamaModel::windowed(const LayerInputs& full,
+                                             const torch::Tensor& positions, const KVCache& cache,
+                                             int64_t n) const {
+  const int64_t window = config_.traits.sliding_window;
+  const int64_t b = cache.shape().batch, past = cache.length();
+  // Each row's slot positions: the cache's, then the new tokens'.
+  auto query = positions.to(torch::kCPU, torch::kInt64).expand({b, n}).contiguous();
+  auto keys = torch::empty({b, past + n}, torch::kInt64);
+  for (int64_t r = 0; r < b; ++r) {
+    const auto& held = cache.row_positions(r);
+    if (past > 0) {
+      keys[r].narrow(0, 0, past).copy_(torch::tensor(held, torch::kInt64));
+    }
+  }
+  keys.narrow(1, past, n).copy_(query);
+  // A slot position of -1 is a slot a batch row leaves empty: the caller's mask hides it anyway.
+  auto visible = keys.unsqueeze(1) > (query - window).unsqueeze(2);  // [b, n, past + n]
+  if (visible.all().item<bool>()) return full;
+  LayerInputs out = full;
+  visible = visible.to(full.cos.device());
+  if (full.mask.defined()) {
+    out.mask = full.mask.logical_and(visible);
+  } else {  // a single new token (decoding): every slot but those the window hides
+    out.mask = visible;
+  }
+  out.causal = false;
+  out.open_slots =
+      out.mask.reshape({-1, past + n}).all(0).to(torch::kInt32).cumprod(0).sum().item<int64_t>();
+  return out;
 }
 
 torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
@@ -493,7 +578,9 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
     auto rows = torch::arange(n, torch::TensorOptions().device(options_.device)).unsqueeze(1);
     mask = cols.unsqueeze(0) <= rows + past;
   }
-  auto x = embed_.index_select(0, ids.reshape({-1})).view({b, n, config_.hidden_size});
+  auto x = embed_.index_select(0, ids.reshape({-1}))
+               .view({b, n, config_.hidden_size})
+               .to(options_.dtype);
   LayerInputs in;
   // A few rows on the CPU take the fused elementwise steps (promptcache/model/cpu_ops.hpp).
   in.small_ops = !sdpa_ && cpu_small_ops_apply(x);
@@ -515,20 +602,45 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
                         : rms_norm(t, weight, config_.rms_norm_eps);
   };
   // x and the projections' outputs are this forward's own tensors: updated in place.
+  // Layers with a sliding window: the same inputs, with the window in the mask.
+  const LayerInputs in_window =
+      config_.traits.sliding_window > 0 ? windowed(in, positions, cache, n) : in;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     const Layer& layer = layers_[i];
-    x.add_(attention(layer, static_cast<int64_t>(i), norm(x, layer.input_norm), cache, in));
+    x.add_(attention(layer, static_cast<int64_t>(i), norm(x, layer.input_norm), cache,
+                     layer.sliding ? in_window : in));
     auto h = norm(x, layer.post_norm);
-    auto gate = linear_layer(h, layer.w_gate);
-    torch::silu_(gate).mul_(linear_layer(h, layer.w_up));
-    x.add_(linear_layer(gate, layer.w_down));
+    auto gate = with_bias(linear_layer(h, layer.w_gate), layer.b_gate);
+    torch::silu_(gate).mul_(with_bias(linear_layer(h, layer.w_up), layer.b_up));
+    x.add_(with_bias(linear_layer(gate, layer.w_down), layer.b_down));
   }
-  auto first_row = positions[0].to(torch::kCPU, torch::kInt64).contiguous();
-  cache.commit(
-      std::vector<int64_t>(first_row.data_ptr<int64_t>(), first_row.data_ptr<int64_t>() + n));
+  auto rows = positions.to(torch::kCPU, torch::kInt64).contiguous();
+  auto row_positions = [&](int64_t r) {
+    const int64_t* p = rows[r].data_ptr<int64_t>();
+    return std::vector<int64_t>(p, p + n);
+  };
+  cache.commit(row_positions(0));
+  // Rows of a batch may hold other positions (the sliding window reads them).
+  for (int64_t r = 1; r < rows.size(0); ++r) cache.set_row_positions(r, past, row_positions(r));
   if (!options.all_logits) x = x.narrow(1, n - 1, 1);
   x = norm(x, final_norm_);
   return linear_layer(x, lm_head_).to(torch::kFloat32);
+}
+
+int64_t LlamaModel::weight_bytes() const {
+  auto bytes = [](const torch::Tensor& t) {
+    return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : int64_t{0};
+  };
+  int64_t total = bytes(embed_) + bytes(final_norm_);
+  if (!lm_head_.is_same(embed_)) total += bytes(lm_head_);
+  for (const Layer& l : layers_) {
+    for (const torch::Tensor* t :
+         {&l.input_norm, &l.post_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down,
+          &l.bq, &l.bk, &l.bv, &l.bo, &l.b_gate, &l.b_up, &l.b_down, &l.q_norm, &l.k_norm}) {
+      total += bytes(*t);
+    }
+  }
+  return total;
 }
 
 double LlamaModel::prefill_flops(int64_t n, int64_t context) const {

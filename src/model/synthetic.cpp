@@ -2,6 +2,9 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -13,23 +16,32 @@
 namespace promptcache {
 
 std::vector<std::string> synthetic_shapes() {
-  return {"tiny", "bench-small", "tinyllama-1.1b"};
+  return {"tiny",       "bench-small", "tinyllama-1.1b", "qwen2-tiny",
+          "qwen3-tiny", "llama3-tiny", "mistral-tiny"};
 }
+
+namespace {
+
+// The tiny shape every family variant starts from: hidden 64, 2 layers, GQA 4/2 heads.
+ModelConfig tiny_config() {
+  ModelConfig c;
+  c.hidden_size = 64;
+  c.intermediate_size = 128;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 16;
+  c.vocab_size = 512;
+  c.max_position_embeddings = 2048;
+  return c;
+}
+
+}  // namespace
 
 ModelConfig synthetic_config(const std::string& shape) {
   ModelConfig c;
-  c.rms_norm_eps = 1e-5;
-  c.rope_theta = 10000.0;
-  c.bos_token_id = 1;
-  c.eos_token_ids = {2};
   if (shape == "tiny") {
-    c.hidden_size = 64;
-    c.intermediate_size = 128;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.vocab_size = 512;
-    c.max_position_embeddings = 2048;
+    c = tiny_config();
   } else if (shape == "bench-small") {
     c.hidden_size = 768;
     c.intermediate_size = 2048;
@@ -46,13 +58,44 @@ ModelConfig synthetic_config(const std::string& shape) {
     c.num_key_value_heads = 4;
     c.vocab_size = 32000;
     c.max_position_embeddings = 2048;
+  } else if (shape == "qwen2-tiny") {  // Qwen2.5: q/k/v biases, tied embeddings, ChatML
+    c = tiny_config();
+    c.architecture = "Qwen2ForCausalLM";
+    c.model_type = "qwen2";
+    c.traits.qkv_bias = true;
+    c.tie_word_embeddings = true;
+    c.rope_theta = 1000000.0;
+  } else if (shape == "qwen3-tiny") {  // Qwen3: per-head q/k norms, head_dim != hidden / heads
+    c = tiny_config();
+    c.architecture = "Qwen3ForCausalLM";
+    c.model_type = "qwen3";
+    c.traits.qk_norm = true;
+    c.head_dim = 32;
+    c.tie_word_embeddings = true;
+    c.rope_theta = 1000000.0;
+  } else if (shape == "llama3-tiny") {  // Llama 3.x: llama3 RoPE scaling that bites at this size
+    c = tiny_config();
+    c.rope_theta = 500000.0;
+    c.rope_scaling.type = RopeScaling::Type::kLlama3;
+    c.rope_scaling.factor = 8.0;
+    c.rope_scaling.low_freq_factor = 1.0;
+    c.rope_scaling.high_freq_factor = 4.0;
+    c.rope_scaling.original_max_position_embeddings = 256;
+  } else if (shape == "mistral-tiny") {  // Mistral: a sliding window short enough to matter
+    c = tiny_config();
+    c.architecture = "MistralForCausalLM";
+    c.model_type = "mistral";
+    c.traits.sliding_window = 24;
   } else {
     std::string known;
     for (const auto& s : synthetic_shapes()) known += (known.empty() ? "" : ", ") + s;
     throw Error(ErrorKind::kInvalidArgument,
                 "unknown model shape '" + shape + "' (known shapes: " + known + ")");
   }
-  c.head_dim = c.hidden_size / c.num_attention_heads;
+  c.rms_norm_eps = 1e-5;
+  c.bos_token_id = 1;
+  c.eos_token_ids = {2};
+  if (c.head_dim == 0) c.head_dim = c.hidden_size / c.num_attention_heads;
   return c;
 }
 
@@ -67,19 +110,42 @@ std::map<std::string, torch::Tensor> random_llama_weights(const ModelConfig& c, 
   auto norm = [&](const std::string& name) {
     w[name] = (1.0 + 0.1 * at::randn({c.hidden_size}, gen, f32)).to(dtype);
   };
+  auto vector = [&](const std::string& name, int64_t size) {
+    w[name] = (at::randn({size}, gen, f32) * init_std).to(dtype);
+  };
+  auto norm_of = [&](const std::string& name, int64_t size) {
+    w[name] = (1.0 + 0.1 * at::randn({size}, gen, f32)).to(dtype);
+  };
   const int64_t h = c.hidden_size, d = c.head_dim, f = c.intermediate_size;
+  const int64_t hq = c.num_attention_heads, hkv = c.num_key_value_heads;
   matrix("model.embed_tokens.weight", c.vocab_size, h);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     norm(p + "input_layernorm.weight");
     norm(p + "post_attention_layernorm.weight");
-    matrix(p + "self_attn.q_proj.weight", c.num_attention_heads * d, h);
-    matrix(p + "self_attn.k_proj.weight", c.num_key_value_heads * d, h);
-    matrix(p + "self_attn.v_proj.weight", c.num_key_value_heads * d, h);
-    matrix(p + "self_attn.o_proj.weight", h, c.num_attention_heads * d);
+    matrix(p + "self_attn.q_proj.weight", hq * d, h);
+    matrix(p + "self_attn.k_proj.weight", hkv * d, h);
+    matrix(p + "self_attn.v_proj.weight", hkv * d, h);
+    matrix(p + "self_attn.o_proj.weight", h, hq * d);
     matrix(p + "mlp.gate_proj.weight", f, h);
     matrix(p + "mlp.up_proj.weight", f, h);
     matrix(p + "mlp.down_proj.weight", h, f);
+    const FamilyTraits& t = c.traits;
+    if (t.qkv_bias) {
+      vector(p + "self_attn.q_proj.bias", hq * d);
+      vector(p + "self_attn.k_proj.bias", hkv * d);
+      vector(p + "self_attn.v_proj.bias", hkv * d);
+    }
+    if (t.o_bias) vector(p + "self_attn.o_proj.bias", h);
+    if (t.mlp_bias) {
+      vector(p + "mlp.gate_proj.bias", f);
+      vector(p + "mlp.up_proj.bias", f);
+      vector(p + "mlp.down_proj.bias", h);
+    }
+    if (t.qk_norm) {
+      norm_of(p + "self_attn.q_norm.weight", d);
+      norm_of(p + "self_attn.k_norm.weight", d);
+    }
   }
   norm("model.norm.weight");
   if (!c.tie_word_embeddings) matrix("lm_head.weight", c.vocab_size, h);
@@ -99,18 +165,109 @@ void write_model_folder(const std::string& dir, const ModelConfig& config,
   write_safetensors((fs::path(dir) / "model.safetensors").string(), weights, {{"format", "pt"}});
 }
 
+std::string synthetic_tokenizer_kind(const std::string& shape) {
+  return shape == "qwen2-tiny" || shape == "qwen3-tiny" || shape == "llama3-tiny" ? "bpe"
+                                                                                  : "sentencepiece";
+}
+
+namespace {
+
+// The special tokens and tokenizer_config.json of a family's trained byte-level BPE tokenizer:
+// ChatML's for Qwen, Llama 3's header tokens (and its BOS) for Llama 3.
+struct BpeFamily {
+  std::vector<std::string> specials;
+  std::string bos, eos;
+  bool add_bos = false;
+};
+BpeFamily bpe_family(const std::string& shape) {
+  if (shape == "llama3-tiny") {
+    return {{"<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+             "<|eot_id|>"},
+            "<|begin_of_text|>",
+            "<|eot_id|>",
+            true};
+  }
+  return {{"<|endoftext|>", "<|im_start|>", "<|im_end|>"}, "", "<|im_end|>", false};
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  if (!out) throw Error(ErrorKind::kIo, "cannot write file", {path});
+}
+
+// Puts the tokenizer a synthetic model uses into dir: a copy of `tokenizer_file` (with the
+// tokenizer_config.json and generation_config.json beside it, if any), or one trained on the
+// built-in corpus.
+void place_tokenizer(const std::string& dir, const std::string& shape,
+                     const std::string& tokenizer_file, int64_t vocab_size) {
+  namespace fs = std::filesystem;
+  const fs::path folder(dir);
+  if (!tokenizer_file.empty()) {
+    const fs::path source(tokenizer_file);
+    if (!fs::is_regular_file(source)) {
+      throw Error(ErrorKind::kIo, "tokenizer file does not exist", {tokenizer_file});
+    }
+    const bool json = source.extension() == ".json";
+    std::error_code ec;
+    fs::copy_file(source, folder / (json ? "tokenizer.json" : "tokenizer.model"),
+                  fs::copy_options::overwrite_existing, ec);
+    if (ec) throw Error(ErrorKind::kIo, "cannot copy tokenizer: " + ec.message(), {tokenizer_file});
+    for (const char* extra : {"tokenizer_config.json", "generation_config.json"}) {
+      if (fs::is_regular_file(source.parent_path() / extra)) {
+        fs::copy_file(source.parent_path() / extra, folder / extra,
+                      fs::copy_options::overwrite_existing, ec);
+      }
+    }
+    return;
+  }
+  const int tokenizer_vocab = static_cast<int>(std::min<int64_t>(vocab_size, 512));
+  if (synthetic_tokenizer_kind(shape) == "sentencepiece") {
+    train_sentencepiece_tokenizer(builtin_corpus(), tokenizer_vocab,
+                                  (folder / "tokenizer.model").string());
+    return;
+  }
+  const BpeFamily family = bpe_family(shape);
+  const int learned = tokenizer_vocab - static_cast<int>(family.specials.size());
+  train_bpe_tokenizer(builtin_corpus(), learned, family.specials,
+                      (folder / "tokenizer.json").string());
+  nlohmann::json config = {
+      {"add_bos_token", family.add_bos},
+      {"bos_token", family.bos.empty() ? nlohmann::json(nullptr) : nlohmann::json(family.bos)},
+      {"eos_token", family.eos}};
+  write_text((folder / "tokenizer_config.json").string(), config.dump(2) + "\n");
+}
+
+}  // namespace
+
 void make_synthetic_model(const std::string& dir, const std::string& shape, std::uint64_t seed,
-                          torch::Dtype dtype) {
+                          torch::Dtype dtype, const std::string& tokenizer_file) {
   ModelConfig config = synthetic_config(shape);
   config.torch_dtype = dtype == torch::kFloat16    ? "float16"
                        : dtype == torch::kBFloat16 ? "bfloat16"
                                                    : "float32";
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw Error(ErrorKind::kIo, "cannot create folder: " + ec.message(), {dir});
+  place_tokenizer(dir, shape, tokenizer_file, config.vocab_size);
+  // The model's vocabulary covers the tokenizer's (a real tokenizer.json brings 150k pieces),
+  // and its BOS/EOS ids are the tokenizer's.
+  const auto tokenizer = load_tokenizer(dir);
+  config.vocab_size =
+      std::max<int64_t>(config.vocab_size, static_cast<int64_t>(tokenizer->vocab_size()));
+  const TokenId eos = tokenizer->eos_id();
+  config.bos_token_id = tokenizer->bos_id() >= 0 ? tokenizer->bos_id() : std::max(eos, 0);
+  config.eos_token_ids.clear();
+  if (eos >= 0) config.eos_token_ids.push_back(eos);
+  for (TokenId id : tokenizer->end_of_turn_ids()) {
+    if (std::find(config.eos_token_ids.begin(), config.eos_token_ids.end(), id) ==
+        config.eos_token_ids.end()) {
+      config.eos_token_ids.push_back(id);
+    }
+  }
   // Small models get larger weights so their attention is peaked and bugs show in the logits.
-  const double init_std = shape == "tiny" ? 0.1 : 0.02;
+  const double init_std = shape == "bench-small" || shape == "tinyllama-1.1b" ? 0.02 : 0.1;
   write_model_folder(dir, config, random_llama_weights(config, seed, init_std, dtype));
-  const int tokenizer_vocab = static_cast<int>(std::min<int64_t>(config.vocab_size, 512));
-  train_sentencepiece_tokenizer(builtin_corpus(), tokenizer_vocab,
-                                (std::filesystem::path(dir) / "tokenizer.model").string());
 }
 
 }  // namespace promptcache

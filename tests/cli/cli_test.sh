@@ -39,6 +39,38 @@ case "$case_name" in
       python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["cached_tokens"] > 0 and len(j["token_ids"]) == 2' "$work/r.json" || fail "bad result for $prompt"
     done
     ;;
+  families)
+    # A tiny model of each family is used exactly as a Llama 2 one: layout, cached run equal to the
+    # uncached one, qa; the family's chat format and tokenizer come from the folder.
+    for shape in qwen2-tiny qwen3-tiny llama3-tiny mistral-tiny; do
+      d="$work/$shape"
+      "$pc" make-model --shape "$shape" --seed 1 --out "$d" >/dev/null 2>"$work/make.err" || fail "make-model $shape: $(cat "$work/make.err")"
+      "$pc" layout "$src/schemas/trip.xml" --model "$d" --ids >"$work/layout.txt" 2>&1 || fail "layout $shape: $(cat "$work/layout.txt")"
+      case $shape in
+        qwen*) expect_in "<|im_start|>" "$work/layout.txt"; grep -q "<bos>" "$work/layout.txt" && fail "$shape: Qwen has no BOS" ;;
+        llama3*) expect_in "<|start_header_id|>" "$work/layout.txt"; expect_in "<bos>" "$work/layout.txt" ;;
+        mistral*) expect_in "[INST]" "$work/layout.txt" ;;
+      esac
+      for mode in "" "--no-cache"; do
+        "$pc" run --model "$d" --schema "$src/schemas/fewshot.xml" --prompt "$src/schemas/fewshot.prompt.xml" \
+          -n 10 --json $mode >"$work/out$mode.json" 2>"$work/err" || fail "run $shape $mode: $(cat "$work/err")"
+      done
+      python3 - "$work/out.json" "$work/out--no-cache.json" <<'PY' || fail "$shape: cached and uncached differ"
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert a["cached_tokens"] > 0 and b["cached_tokens"] == 0
+assert a["token_ids"] == b["token_ids"] and a["text"] == b["text"], (a["token_ids"], b["token_ids"])
+PY
+      "$pc" qa --model "$d" --docs "$src/schemas/docs" --question "When does it open?" -n 4 >"$work/qa.txt" 2>&1 || fail "qa $shape: $(cat "$work/qa.txt")"
+    done
+    # An architecture the runtime does not have is refused with the supported list.
+    cp -r "$work/qwen3-tiny" "$work/other"
+    sed -i 's/Qwen3ForCausalLM/GemmaForCausalLM/' "$work/other/config.json"
+    "$pc" run --model "$work/other" --schema "$src/schemas/trip.xml" --prompt "$src/schemas/trip.prompt.xml" >"$work/o.txt" 2>&1
+    [ $? -eq 1 ] || fail "unsupported architecture: expected exit 1"
+    expect_in "unsupported architecture 'GemmaForCausalLM'" "$work/o.txt"
+    expect_in "Qwen3ForCausalLM" "$work/o.txt"
+    ;;
   run_cache_equals_nocache)
     tiny
     for mode in "" "--no-cache"; do

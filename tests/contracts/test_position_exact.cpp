@@ -11,83 +11,15 @@
 #include "promptcache/cache/assembler.hpp"
 #include "promptcache/cache/compiler.hpp"
 #include "promptcache/model/cpu_attention.hpp"
+#include "support/position_reference.hpp"
 #include "support/random_schema.hpp"
 #include "support/tiny_model.hpp"
 
 using namespace promptcache;
 using promptcache::test::Case;
 using promptcache::test::make_case;
-
-namespace {
-
-struct Sequence {
-  std::vector<int64_t> tokens, positions;
-  void add(const std::vector<TokenId>& t, std::size_t begin) {
-    for (std::size_t i = 0; i < t.size(); ++i) {
-      tokens.push_back(t[i]);
-      positions.push_back(static_cast<int64_t>(begin + i));
-    }
-  }
-};
-
-// The reference: one forward pass over the expanded sequence with the block mask. Returns the
-// fresh tokens' logits; `shift` moves the fresh positions (to show the test can fail).
-torch::Tensor reference_logits(const LlamaModel& model, const pml::Layout& layout,
-                               const pml::ResolvedPrompt& r, EncodingMode mode, Sequence& fresh_out,
-                               int64_t shift = 0) {
-  Sequence seq;
-  std::vector<std::pair<std::size_t, std::size_t>> blocks;   // [begin, end) of each block
-  std::vector<std::pair<std::size_t, std::size_t>> visible;  // the selected span inside it
-  Sequence fresh;
-  for (std::size_t index : r.spans) {
-    const pml::Span& span = layout.spans[index];
-    if (span.kind == pml::SpanKind::kParameter) {
-      for (const auto& a : r.arguments) {
-        if (a.span == index) fresh.add(a.tokens, a.begin);
-      }
-    } else if (!span.cacheable) {
-      fresh.add(span.tokens, span.begin);
-    } else if (span.size() > 0) {
-      const std::size_t begin = seq.tokens.size();
-      for (std::size_t c : encoding_context(layout, index, mode)) {
-        seq.add(layout.spans[c].tokens, layout.spans[c].begin);
-      }
-      const std::size_t own = seq.tokens.size();
-      seq.add(span.tokens, span.begin);
-      blocks.push_back({begin, seq.tokens.size()});
-      visible.push_back({own, seq.tokens.size()});
-    }
-  }
-  fresh.add(r.text_tokens, r.text_begin);
-  fresh_out = fresh;
-  const std::size_t fresh_begin = seq.tokens.size();
-  for (std::size_t i = 0; i < fresh.tokens.size(); ++i) {
-    seq.tokens.push_back(fresh.tokens[i]);
-    seq.positions.push_back(fresh.positions[i] + shift);
-  }
-  const int64_t n = static_cast<int64_t>(seq.tokens.size());
-  auto mask = torch::zeros({n, n}, torch::kBool);
-  auto m = mask.accessor<bool, 2>();
-  for (const auto& [b, e] : blocks) {
-    for (std::size_t i = b; i < e; ++i)
-      for (std::size_t j = b; j <= i; ++j) m[i][j] = true;
-  }
-  for (std::size_t i = fresh_begin; i < seq.tokens.size(); ++i) {
-    for (const auto& [b, e] : visible)
-      for (std::size_t j = b; j < e; ++j) m[i][j] = true;
-    for (std::size_t j = fresh_begin; j <= i; ++j) m[i][j] = true;
-  }
-  KVCache cache = model.make_cache(n);
-  ForwardOptions options;
-  options.all_logits = true;
-  options.attention_mask = mask;
-  auto logits = model.forward(torch::tensor(seq.tokens).unsqueeze(0),
-                              torch::tensor(seq.positions).unsqueeze(0), cache, options)[0];
-  return logits.narrow(0, static_cast<int64_t>(fresh_begin),
-                       static_cast<int64_t>(fresh.tokens.size()));
-}
-
-}  // namespace
+using promptcache::test::reference_logits;
+using promptcache::test::Sequence;
 
 TEST_CASE("position-exact: assembled cache + fresh tokens equal one masked forward pass",
           "[contract][position]") {
@@ -110,28 +42,16 @@ TEST_CASE("position-exact: assembled cache + fresh tokens equal one masked forwa
         REQUIRE(e.kind() == ErrorKind::kArgumentTooLong);
         continue;
       }
-      CacheStore store;
-      CompileOptions options;
-      options.mode = mode;
-      // Odd seeds: chunked passes; even seeds: short passes batched into shared forwards.
-      options.chunk_tokens = seed % 2 ? 7 : 512;
-      const auto report = ModuleCompiler(*model).compile(layout, store, options);
+      // Odd seeds: chunked passes, spans copied into the cache; even seeds: short passes
+      // batched into shared forwards, spans left in the store where the attention reads them in
+      // place (f32 on the CPU with the fused kernel).
+      const auto run = test::cached_run(*model, layout, resolved, mode, seed % 2 ? 7 : 512,
+                                        /*in_place=*/seed % 2 == 0);
+      const auto& report = run.report;
+      const auto& assembled = run.assembled;
+      const auto& got = run.logits;
       with_batched += report.forwards < static_cast<int64_t>(report.passes);
-
-      // Odd seeds copy every span into the cache; even seeds leave them in the store where the
-      // attention reads them in place (f32 on the CPU with the fused kernel).
-      KVCache cache = model->make_cache(0);
-      AssembleOptions assembly;
-      assembly.in_place = seed % 2 == 0;
-      const auto assembled = Assembler().assemble(resolved, layout, store, cache, 0, assembly);
       with_in_place += assembled.in_place_tokens > 0;
-      ForwardOptions all;
-      all.all_logits = true;
-      auto got =
-          model->forward(torch::tensor(std::vector<int64_t>(assembled.fresh_tokens.begin(),
-                                                            assembled.fresh_tokens.end()))
-                             .unsqueeze(0),
-                         torch::tensor(assembled.fresh_positions).unsqueeze(0), cache, all)[0];
       Sequence fresh;
       const auto expected = reference_logits(*model, layout, resolved, mode, fresh);
       CHECK(std::vector<int64_t>(assembled.fresh_tokens.begin(), assembled.fresh_tokens.end()) ==

@@ -1,4 +1,6 @@
-// promptcache/model/config.hpp — the Llama-family model configuration (HF config.json).
+// promptcache/model/config.hpp — the model configuration (HF config.json) of the decoder families
+// that share the Llama layer: Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3. What tells them apart is
+// data (FamilyTraits), read here once, not branches spread through the forward pass.
 #pragma once
 
 #include <cstdint>
@@ -8,7 +10,9 @@
 namespace promptcache {
 
 struct RopeScaling {
-  enum class Type { kNone, kLinear, kLlama3 } type = Type::kNone;
+  // kDynamic (HF "dynamic" NTK) changes the frequencies only for sequences longer than
+  // max_position_embeddings, which the engine never runs: within the context it is kNone.
+  enum class Type { kNone, kLinear, kLlama3, kDynamic } type = Type::kNone;
   double factor = 1.0;
   // llama3 only
   double low_freq_factor = 1.0;
@@ -16,8 +20,27 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 8192;
 };
 
+// The switches in which the supported families differ from a plain Llama 2 layer.
+struct FamilyTraits {
+  bool qkv_bias = false;  // biases on q/k/v_proj (Qwen2; Llama's attention_bias)
+  bool o_bias = false;    // a bias on o_proj (Llama's attention_bias)
+  bool mlp_bias = false;  // biases on gate/up/down_proj (Llama's mlp_bias)
+  bool qk_norm = false;   // RMSNorm over each head of q and k before RoPE (Qwen3: q_norm, k_norm)
+  // Sliding-window attention (Mistral; Qwen2/3 with use_sliding_window): a token at position p
+  // sees only keys at positions > p - sliding_window. 0 = none. Which layers use it:
+  // sliding_layers[i] (empty = every layer).
+  int64_t sliding_window = 0;
+  std::vector<bool> sliding_layers;
+  bool layer_slides(int64_t layer) const {
+    return sliding_window > 0 &&
+           (sliding_layers.empty() || sliding_layers.at(static_cast<std::size_t>(layer)));
+  }
+};
+
 struct ModelConfig {
-  std::string architecture = "LlamaForCausalLM";  // or MistralForCausalLM
+  // One of supported_architectures(): LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
+  // Qwen3ForCausalLM.
+  std::string architecture = "LlamaForCausalLM";
   std::string model_type = "llama";
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -34,8 +57,15 @@ struct ModelConfig {
   int64_t bos_token_id = 1;
   std::vector<int64_t> eos_token_ids = {2};
   std::string torch_dtype = "float32";
-  // Chat template family for PML chat tags ("llama-2", "chatml", "plain"); from config or guessed.
-  std::string chat_template = "llama-2";
+  FamilyTraits traits;
+  // Chat template family for PML chat tags, as config.json names it (promptcache_chat_template);
+  // empty when it does not: see default_chat_template().
+  std::string chat_template;
+
+  // The chat template family of this architecture when config.json names none: "chatml" for
+  // Qwen, "mistral" for Mistral, "llama-3" for a Llama with Llama 3's vocabulary or RoPE scaling,
+  // else "llama-2". (The engine also looks at the tokenizer's special tokens first.)
+  std::string default_chat_template() const;
 
   // Parses a config.json file; Error(kModel) naming the file and the field on any problem
   // (missing field, wrong type, heads not dividing hidden size, kv heads not dividing heads, ...).
@@ -44,5 +74,8 @@ struct ModelConfig {
   std::string to_json_string() const;  // HF-compatible config.json text
   void validate(const std::string& origin) const;
 };
+
+// "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM", for messages.
+std::string supported_architectures();
 
 }  // namespace promptcache

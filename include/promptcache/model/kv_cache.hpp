@@ -90,8 +90,14 @@ class KVCache {
   // Makes the n pending slots part of the cache and records their position ids.
   void commit(const std::vector<int64_t>& positions);
 
-  // Position ids of slots [0, length); max_position() is -1 for an empty cache.
+  // Position ids of slots [0, length) (of batch row 0); max_position() is -1 for an empty cache.
   const std::vector<int64_t>& positions() const { return positions_; }
+  // Position ids of slots [0, length) of one batch row: rows of a batch assembled from different
+  // prompts hold different positions in the same slots (-1 for a slot a row leaves empty). Rows
+  // never set differently have row 0's. The sliding-window rule reads them.
+  const std::vector<int64_t>& row_positions(int64_t row) const;
+  // Records the position ids of filled slots [begin, begin + positions.size()) of one row.
+  void set_row_positions(int64_t row, int64_t begin, const std::vector<int64_t>& positions);
   int64_t max_position() const { return max_position_; }
 
   // Marks slots as filled after the caller wrote them directly through key_slots/value_slots.
@@ -149,6 +155,8 @@ class KVCache {
   std::vector<torch::Tensor> v_;
   int64_t length_ = 0;
   std::vector<int64_t> positions_;
+  // Per batch row, that row's position ids when they differ from row 0's (else empty).
+  std::vector<std::vector<int64_t>> row_positions_;
   int64_t max_position_ = -1;
   std::vector<SlotSource> sources_;
   // In slot order. Mutable: copying a block into the buffer does not change what the cache holds.

@@ -1,8 +1,12 @@
-// promptcache/model/llama.hpp — the Llama-family forward pass (Llama 2, TinyLlama, Mistral, ...).
+// promptcache/model/llama.hpp — the forward pass of the Llama-layer families (Llama 2/3.x,
+// TinyLlama, CodeLlama, Mistral, Qwen2/2.5, Qwen3).
 //
 // RMSNorm, RoPE (HF rotate-half convention, rope_theta, rope_scaling), grouped-query attention,
-// SwiGLU MLP, tied or untied lm_head. The forward takes token ids AND explicit position ids (they
-// need not be contiguous) and appends the new K (RoPE applied) and V to a KVCache.
+// SwiGLU MLP, tied or untied lm_head; and, as the config's FamilyTraits say, projection biases,
+// per-head q/k RMSNorm and sliding-window attention (by position ids: a token at position p sees
+// the keys at positions > p - window, in every path, Prompt Cache assembly included). The forward
+// takes token ids AND explicit position ids (they need not be contiguous) and appends the new K
+// (RoPE applied) and V to a KVCache.
 #pragma once
 
 #include <torch/types.h>
@@ -27,7 +31,14 @@ enum class AttentionImpl { kAuto, kSdpa, kBlocked };
 
 struct LoadOptions {
   torch::Device device = torch::kCPU;
+  // The compute dtype: activations, the KV cache and so the stored module states.
   torch::Dtype dtype = torch::kFloat32;
+  // The dtype the weight matrices are kept in (projections, embeddings, lm_head); norms and
+  // biases follow `dtype`. Unset: `dtype`. On the CPU with f32 compute they may be bf16 or f16:
+  // a checkpoint stored so is then mapped, not converted (half the memory), and the linear
+  // layers read it through the reduced-precision kernels of cpu_linear.hpp. Elsewhere it must
+  // equal `dtype` (Error(kInvalidArgument) otherwise).
+  std::optional<torch::Dtype> weights;
   // kSdpa on LibTorch 1.x, which lacks it, is an Error(kInvalidArgument) when the model is made.
   AttentionImpl attention = AttentionImpl::kAuto;
 };
@@ -65,6 +76,9 @@ class LlamaModel {
   const ModelConfig& config() const { return config_; }
   torch::Device device() const { return options_.device; }
   torch::Dtype dtype() const { return options_.dtype; }
+  torch::Dtype weight_dtype() const { return options_.weights.value_or(options_.dtype); }
+  // Bytes held by the weights (mapped or in memory), counted once for tied embeddings.
+  int64_t weight_bytes() const;
   torch::TensorOptions tensor_options() const;
   // The attention this model runs, resolved from LoadOptions::attention: "sdpa" or "blocked"
   // (the library's own: on the CPU the fused kernel when cpu_attention_available(head_dim), with
@@ -91,6 +105,10 @@ class LlamaModel {
     torch::Tensor input_norm, post_norm;
     torch::Tensor wq, wk, wv, wo;
     torch::Tensor w_gate, w_up, w_down;
+    // Undefined unless the family has them (FamilyTraits).
+    torch::Tensor bq, bk, bv, bo, b_gate, b_up, b_down;
+    torch::Tensor q_norm, k_norm;  // [head_dim]
+    bool sliding = false;          // this layer attends within the sliding window
   };
   // What every layer of one forward shares, decided once per forward.
   struct LayerInputs {
@@ -106,6 +124,10 @@ class LlamaModel {
     int64_t open_slots = 0;  // leading slots that every new token sees
   };
   LlamaModel() = default;
+  // The inputs of the layers that use the sliding window: `full`'s, with the window's rule added
+  // to the mask. `full` itself when no new token's window leaves out a slot it would see.
+  LayerInputs windowed(const LayerInputs& full, const torch::Tensor& positions,
+                       const KVCache& cache, int64_t n) const;
   torch::Tensor attention(const Layer& layer, int64_t index, const torch::Tensor& x, KVCache& cache,
                           const LayerInputs& in) const;
 

@@ -1,7 +1,8 @@
 // promptcache/model/tokenizer.hpp — the tokenizer interface (no LibTorch).
 //
-// PML layout and the engine only see this interface; SentencePieceTokenizer implements it for
-// HuggingFace checkpoints that ship a tokenizer.model.
+// PML layout and the engine only see this interface. Two implementations: SentencePiece
+// (tokenizer.model: Llama 2, TinyLlama, Mistral) and byte-level BPE (HuggingFace tokenizer.json:
+// Qwen2.5/Qwen3, Llama 3.x, ...). load_tokenizer() picks one from what a model folder holds.
 #pragma once
 
 #include <cstdint>
@@ -34,7 +35,52 @@ class Tokenizer {
   // The id of an exact piece (e.g. "<s>", "▁Once"), or -1 if the vocabulary has no such piece.
   virtual TokenId piece_to_id(std::string_view piece) const = 0;
   virtual std::string id_to_piece(TokenId id) const = 0;
+
+  // Whether encode() reads the start of a text as following a space, as SentencePiece's
+  // add_dummy_prefix does ("Hi" and " Hi" give the same ids). Byte-level BPE does not: there a
+  // leading space is a byte of the first token. The PML span rule (pml/source.hpp, encode_span)
+  // depends on it.
+  virtual bool prefixes_space() const { return true; }
+  // Whether the model's own tokenizer puts BOS before a prompt (Llama 2/3: yes; Qwen: no, it has
+  // no BOS). Read from tokenizer_config.json (add_bos_token) where the folder has one.
+  virtual bool adds_bos() const { return bos_id() >= 0; }
+  // Ids that end a turn, eos_id() first when there is one (e.g. <|im_end|>, <|eot_id|>,
+  // <|endoftext|>), from tokenizer_config.json, generation_config.json (eos_token_id) and the
+  // special tokens; generation stops at any of them.
+  virtual std::vector<TokenId> end_of_turn_ids() const { return {}; }
+  // "sentencepiece" or "bpe", for messages and --json output.
+  virtual std::string kind() const { return "sentencepiece"; }
 };
+
+// The tokenizer of a model folder or file: a folder's tokenizer.json (byte-level BPE) when it has
+// one, else its tokenizer.model (SentencePiece), with BOS/EOS and end-of-turn ids from the
+// folder's tokenizer_config.json and generation_config.json when present. A file path is read by
+// its name: *.json as BPE, anything else as SentencePiece. Error(kTokenizer/kIo/kModel) naming the
+// folder or file and what is missing or wrong.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& folder_or_file);
+
+// Loads a HuggingFace tokenizer.json whose model is BPE: byte-level (Qwen2.5/Qwen3, Llama 3.x) or
+// SentencePiece-style with Metaspace and byte fallback (Llama 2, Mistral). Reads vocab, merges in
+// either the "a b" or the ["a", "b"] form, added/special tokens (matched in the raw text, longest
+// first), the normalizers (NFC, Replace, Prepend, ...), the pre-tokenizers (Split regex, ByteLevel,
+// Metaspace) and the decoders. encode() gives the ids the JS reference tokenizers
+// (transformers.js) give, invalid UTF-8 included (each invalid sequence read as U+FFFD, as
+// TextDecoder does); decode() renders every token, special ones included. BOS/EOS/end-of-turn ids
+// come from tokenizer_config.json and generation_config.json beside the file when present, else
+// from the special tokens (<|begin_of_text|> or <s> is BOS). Error(kIo) for a missing file,
+// Error(kTokenizer) naming the file and the JSON field for anything malformed or unsupported.
+std::unique_ptr<Tokenizer> load_bpe_tokenizer(const std::string& tokenizer_json_path);
+
+// Trains a small byte-level BPE tokenizer on `corpus_text` (GPT-2 byte mapping, the Qwen2
+// pre-tokenizer split regex, `special_tokens` as added special tokens after the learned vocab)
+// and writes a HuggingFace tokenizer.json that load_bpe_tokenizer (and HF tokenizers) read. Used
+// by tests and `promptcache make-model` for the BPE families. vocab_size counts the 256 byte
+// tokens, the learned merges and the special tokens; learning stops early when no pair occurs
+// twice. Deterministic: the same corpus gives the same file. Error(kInvalidArgument) when
+// vocab_size leaves no room for the merges, Error(kIo) when the file cannot be written.
+void train_bpe_tokenizer(const std::string& corpus_text, int vocab_size,
+                         const std::vector<std::string>& special_tokens,
+                         const std::string& out_json_path);
 
 // Loads a SentencePiece model file (tokenizer.model). Throws Error(kTokenizer) naming the file.
 std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const std::string& model_path);

@@ -1,11 +1,13 @@
 // promptcache/pml/chat_template.hpp — what <system>, <user> and <assistant> become, per model
 // family, as data.
 //
-// A template gives each role an opening and a closing text. Those texts are tokenized like any
-// other span (source.hpp, encode_span), except that the template's special pieces ("<s>",
-// "<|im_start|>", ...) are cut out first and become their single vocabulary id
-// (Tokenizer::piece_to_id). A special piece the vocabulary lacks is tokenized as ordinary text,
-// so every template works with every tokenizer. Header-only, no LibTorch.
+// A template gives each role an opening and a closing text. The template's special pieces
+// ("<s>", "<|im_start|>", ...) are cut out first and become their single vocabulary id
+// (Tokenizer::piece_to_id); a special piece the vocabulary lacks is tokenized as ordinary text,
+// so every template works with every tokenizer. The text between them is tokenized like any other
+// span (source.hpp, encode_span) for SentencePiece tokenizers, and as written, newlines included,
+// for byte-level BPE ones (Tokenizer::prefixes_space() false), whose chat formats (ChatML, Llama
+// 3) depend on those newlines. Header-only, no LibTorch.
 #pragma once
 
 #include <string>
@@ -57,8 +59,12 @@ struct ChatTemplate {
   std::vector<TokenId> encode(const Tokenizer& tokenizer, std::string_view text) const {
     std::vector<TokenId> out;
     std::size_t plain_begin = 0, i = 0;
+    const bool verbatim = !tokenizer.prefixes_space();
     auto flush = [&](std::size_t end) {
-      auto ids = encode_span(tokenizer, text.substr(plain_begin, end - plain_begin));
+      const std::string_view plain = text.substr(plain_begin, end - plain_begin);
+      auto ids = !verbatim       ? encode_span(tokenizer, plain)
+                 : plain.empty() ? std::vector<TokenId>{}
+                                 : tokenizer.encode(plain, /*add_bos=*/false);
       out.insert(out.end(), ids.begin(), ids.end());
     };
     while (i < text.size()) {
@@ -110,6 +116,37 @@ inline ChatTemplate chatml_template() {
   return t;
 }
 
+// Llama 3.x: <|start_header_id|>role<|end_header_id|>\n\n{content}<|eot_id|> (the schema's
+// leading <|begin_of_text|> is the layout's BOS).
+inline ChatTemplate llama3_chat_template() {
+  ChatTemplate t;
+  t.family = "llama-3";
+  auto header = [](const char* role) {
+    return std::string("<|start_header_id|>") + role + "<|end_header_id|>\n\n";
+  };
+  t.system = {header("system"), "<|eot_id|>"};
+  t.user = {header("user"), "<|eot_id|>"};
+  t.assistant = {header("assistant"), "<|eot_id|>"};
+  t.generation_prompt = header("assistant");
+  t.special_pieces = {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+                      "<|eot_id|>"};
+  return t;
+}
+
+// Mistral instruct: [INST] {user} [/INST]{assistant}</s>[INST] ... A system prompt goes at the
+// start of the first [INST] block, before the user's text, as Mistral's own templates put it.
+inline ChatTemplate mistral_chat_template() {
+  ChatTemplate t;
+  t.family = "mistral";
+  t.system = {"[INST] ", "\n\n"};
+  t.user = {"[INST]", "[/INST]"};
+  t.assistant = {"", "</s>"};
+  t.use_user_open_after_system = true;
+  t.user_open_after_system = "";
+  t.special_pieces = {"<s>", "</s>", "[INST]", "[/INST]"};
+  return t;
+}
+
 // No template: chat tags are transparent, only their content remains.
 inline ChatTemplate plain_template() {
   ChatTemplate t;
@@ -119,17 +156,35 @@ inline ChatTemplate plain_template() {
 
 // The built-in families, in a stable order.
 inline std::vector<std::string> chat_template_families() {
-  return {"llama-2", "chatml", "plain"};
+  return {"llama-2", "llama-3", "mistral", "chatml", "plain"};
 }
 
 // The built-in template of a family ("llama-2" also answers to "llama2"). Error(kInvalidArgument)
 // listing the families when the name is unknown.
 inline ChatTemplate chat_template(const std::string& family) {
   if (family == "llama-2" || family == "llama2") return llama2_chat_template();
-  if (family == "chatml") return chatml_template();
+  if (family == "llama-3" || family == "llama3") return llama3_chat_template();
+  if (family == "mistral") return mistral_chat_template();
+  if (family == "chatml" || family == "qwen") return chatml_template();
   if (family == "plain" || family.empty()) return plain_template();
+  std::string known;
+  for (const auto& f : chat_template_families()) known += (known.empty() ? "" : ", ") + f;
   throw Error(ErrorKind::kInvalidArgument,
-              "unknown chat template family '" + family + "' (known: llama-2, chatml, plain)");
+              "unknown chat template family '" + family + "' (known: " + known + ")");
+}
+
+// The family a model's chat tags use: `requested` (a --template flag) if given, else what the
+// model's config.json names (`configured`), else what the tokenizer's special tokens show
+// (<|start_header_id|>: llama-3, <|im_start|>: chatml), else the architecture's default
+// (`architecture_default`, ModelConfig::default_chat_template).
+inline std::string choose_chat_template(const std::string& requested, const std::string& configured,
+                                        const Tokenizer& tokenizer,
+                                        const std::string& architecture_default) {
+  if (!requested.empty()) return requested;
+  if (!configured.empty()) return configured;
+  if (tokenizer.piece_to_id("<|start_header_id|>") >= 0) return "llama-3";
+  if (tokenizer.piece_to_id("<|im_start|>") >= 0) return "chatml";
+  return architecture_default;
 }
 
 }  // namespace promptcache::pml

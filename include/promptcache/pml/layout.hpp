@@ -8,6 +8,7 @@
 //   * all members of a union start at the union's offset; the union reserves the longest
 //     member, and the cursor continues after it;
 //   * a parameter reserves `length` positions holding its scaffold's tokens padded with unk
+//     (filler_id: pad or EOS for tokenizers without unk)
 //     (or cut to `length`).
 // The result lists modules (path, [begin, end), cache flag), spans, unions, and answers the
 // questions the cache compiler asks: which spans form an encoding pass (scaffold pass, one pass
@@ -122,6 +123,15 @@ struct Pass {
 struct LayoutOptions {
   bool add_bos = true;  // put the tokenizer's BOS at position 0, as the root's first span
 };
+
+// The id that pads a parameter slot past its scaffold's tokens: unk, or where the tokenizer has
+// none (byte-level BPE: Qwen, Llama 3) its pad id, else its EOS (else id 0). Only encoding context:
+// a parameter's placeholder states are never stored.
+inline TokenId filler_id(const Tokenizer& tokenizer) {
+  if (tokenizer.unk_id() >= 0) return tokenizer.unk_id();
+  if (tokenizer.pad_id() >= 0) return tokenizer.pad_id();
+  return tokenizer.eos_id() >= 0 ? tokenizer.eos_id() : 0;
+}
 
 class Layout {
  public:
@@ -278,7 +288,7 @@ class LayoutBuilder {
       m.cacheable = node.cache;
     }
     out_.modules.push_back(std::move(m));
-    if (parent == kNoIndex && options_.add_bos && tok_.bos_id() >= 0) {
+    if (parent == kNoIndex && options_.add_bos && tok_.adds_bos() && tok_.bos_id() >= 0) {
       Span bos;
       bos.kind = SpanKind::kBos;
       bos.module = idx;
@@ -375,7 +385,7 @@ class LayoutBuilder {
     // A scaffold is only a placeholder for the encoding context, and whether it fits depends on
     // the tokenizer, so a long one is cut to the slot rather than rejected.
     span.tokens = encode_span(tok_, node.text);
-    span.tokens.resize(node.length, tok_.unk_id());
+    span.tokens.resize(node.length, filler_id(tok_));
     add_span(std::move(span));
   }
 

@@ -56,15 +56,25 @@ inline std::string_view trim(std::string_view text) {
 }
 
 // THE span tokenization rule (docs/pml.md, "Tokens at span boundaries"). A span's text is
-// trimmed of its edge whitespace and encoded on its own, without BOS. A SentencePiece tokenizer
-// with add_dummy_prefix therefore starts every span with "▁", i.e. each span boundary stands for
-// exactly one space whatever the author wrote there, and a span's tokens never depend on its
-// neighbours. Blank text yields no tokens. The no-cache baseline concatenates these same token
-// lists, so cached and uncached runs see identical ids.
+// encoded on its own, without BOS, so a span's tokens never depend on its neighbours; blank text
+// yields no tokens. What happens to its edge whitespace depends on the tokenizer:
+//  * SentencePiece (Tokenizer::prefixes_space()): the text is trimmed and its dummy prefix starts
+//    the span with "▁", i.e. each span boundary stands for exactly one space whatever the author
+//    wrote there;
+//  * byte-level BPE (no dummy prefix; a space is a byte of the next token): trailing whitespace
+//    is dropped and a leading run of whitespace becomes one space, so text written on its own
+//    line inside a module starts with " word" as in running prose, and text written right after
+//    a tag (e.g. <user>Hi</user> after a chat template's "...user\n") starts without one, as
+//    HuggingFace chat templates produce it.
+// The no-cache baseline concatenates these same token lists, so cached and uncached runs see
+// identical ids.
 inline std::vector<TokenId> encode_span(const Tokenizer& tokenizer, std::string_view text) {
   const std::string_view body = trim(text);
   if (body.empty()) return {};
-  return tokenizer.encode(body, /*add_bos=*/false);
+  if (tokenizer.prefixes_space() || !is_xml_space(text.front())) {
+    return tokenizer.encode(body, /*add_bos=*/false);
+  }
+  return tokenizer.encode(" " + std::string(body), /*add_bos=*/false);
 }
 
 // XML 1.0 Name production, restricted to what authors use: a letter, '_' or ':' first, then

