@@ -211,3 +211,33 @@ TEST_CASE("errors: bad prompts", "[pml][errors]") {
     CHECK_THAT(e.what(), Catch::Contains("4 tokens") && Catch::Contains("reserves 3 tokens"));
   }
 }
+
+TEST_CASE("nesting deeper than the limit is an error, not a stack overflow", "[errors]") {
+  auto nested = [](std::size_t depth, const char* root, const char* tag) {
+    std::string xml = std::string("<") + root + " schema=\"s\" name=\"s\">\n";
+    for (std::size_t i = 0; i < depth; ++i) xml += "<" + std::string(tag) + std::to_string(i) + ">";
+    xml += "text";
+    for (std::size_t i = depth; i-- > 0;) xml += "</" + std::string(tag) + std::to_string(i) + ">";
+    return xml + "</" + root + ">";
+  };
+  // 100,000 levels: refused at the first element past the limit, with its line.
+  try {
+    parse_schema_string(nested(100000, "schema", "m"), "deep.xml");
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::kXmlSyntax);
+    CHECK_THAT(e.what(),
+               Catch::Contains("deep.xml:2") && Catch::Contains("nested deeper than 128"));
+  }
+  CHECK_THROWS_WITH(parse_prompt_string(nested(5000, "prompt", "a"), "p.xml"),
+                    Catch::Contains("p.xml:2") && Catch::Contains("nested deeper than 128"));
+  // Within the limit the depth is fine (these fail later, for their own reasons, or not at all).
+  std::string ok = "<schema name=\"s\">";
+  for (int i = 0; i < 100; ++i) ok += "<module name=\"m" + std::to_string(i) + "\">";
+  ok += "deep text";
+  for (int i = 0; i < 100; ++i) ok += "</module>";
+  ok += "</schema>";
+  FakeTokenizer tok;
+  const Layout l = layout(parse_schema_string(ok, "ok.xml"), tok, chat_template("plain"));
+  CHECK(l.modules.size() == 101);
+}

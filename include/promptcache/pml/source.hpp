@@ -133,7 +133,13 @@ class XmlSource {
       throw Error(ErrorKind::kXmlSyntax, std::string("malformed XML: ") + result.description(),
                   at_offset(result.offset, element_before(result.offset)));
     }
+    check_depth();
   }
+
+  // Elements may nest at most this deep. The schema and prompt readers, the layout and the
+  // compiler walk the tree recursively, so a limit here is what keeps a hostile or mistaken file
+  // (100,000 nested modules) from overflowing the stack; real schemas nest a few levels.
+  static constexpr std::size_t kMaxDepth = 128;
   XmlSource(const XmlSource&) = delete;
   XmlSource& operator=(const XmlSource&) = delete;
 
@@ -191,6 +197,31 @@ class XmlSource {
   }
 
  private:
+  // Error(kXmlSyntax) at the first element nested deeper than kMaxDepth. Walks the tree with
+  // pugixml's sibling/parent links, without recursion.
+  void check_depth() const {
+    std::size_t depth = 0;
+    pugi::xml_node node = doc_.first_child();
+    while (node) {
+      if (node.type() == pugi::node_element && node.first_child()) {
+        if (++depth > kMaxDepth) {
+          throw Error(ErrorKind::kXmlSyntax,
+                      "elements nested deeper than " + std::to_string(kMaxDepth) +
+                          " levels (the limit of a schema or prompt)",
+                      at(node));
+        }
+        node = node.first_child();
+        continue;
+      }
+      while (node && !node.next_sibling()) {
+        node = node.parent();
+        if (node == doc_) return;
+        --depth;
+      }
+      if (node) node = node.next_sibling();
+    }
+  }
+
   std::string text_;
   std::string origin_;
   std::vector<std::size_t> line_starts_;
