@@ -1,6 +1,14 @@
 #include "promptcache/cache/cache_file.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cstdio>
+#include <filesystem>
+
+// Header-only xxHash (Debian libxxhash-dev): nothing to link, for this library or its users.
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "promptcache/error.hpp"
 #include "promptcache/model/safetensors.hpp"
@@ -8,7 +16,9 @@
 namespace promptcache {
 namespace {
 
-constexpr const char* kFormat = "promptcache-states-v1";
+// v2: every tensor and the metadata carry an XXH3 checksum (v1 files had none and are compiled
+// again).
+constexpr const char* kFormat = "promptcache-states-v2";
 
 struct Fnv64 {
   std::uint64_t h = 1469598103934665603ull;
@@ -55,6 +65,55 @@ std::string tensor_name(std::size_t span, char kind) {
   return "span." + std::to_string(span) + "." + kind;
 }
 
+std::string hex64(std::uint64_t h) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+// XXH3 of a tensor's bytes, as stored in the file (dense, little-endian, its dtype).
+std::string tensor_checksum(const torch::Tensor& t) {
+  const auto dense = t.to(torch::kCPU).contiguous();
+  return hex64(XXH3_64bits(dense.data_ptr(), dense.numel() * dense.element_size()));
+}
+
+// XXH3 of every metadata entry but the checksum itself, in key order.
+std::string metadata_checksum(const std::map<std::string, std::string>& meta) {
+  std::string all;
+  for (const auto& [key, value] : meta) {
+    if (key == "metadata_xxh3") continue;
+    all += key;
+    all += '\0';
+    all += value;
+    all += '\0';
+  }
+  return hex64(XXH3_64bits(all.data(), all.size()));
+}
+
+// Writes the file next to `path` and renames it over `path` once it is on disk, so a crash
+// mid-write leaves the old file (or none), never a torn one.
+void write_atomically(const std::string& path, const std::map<std::string, torch::Tensor>& tensors,
+                      const std::map<std::string, std::string>& meta) {
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  try {
+    write_safetensors(tmp, tensors, meta);
+    const int fd = ::open(tmp.c_str(), O_RDONLY);
+    if (fd < 0 || ::fsync(fd) != 0) {
+      if (fd >= 0) ::close(fd);
+      throw Error(ErrorKind::kIo, "cannot flush the cache file to disk", {tmp});
+    }
+    ::close(fd);
+    std::error_code ec;
+    std::filesystem::rename(tmp, path, ec);
+    if (ec)
+      throw Error(ErrorKind::kIo, "cannot move the cache file into place: " + ec.message(), {path});
+  } catch (...) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    throw;
+  }
+}
+
 }  // namespace
 
 std::string layout_fingerprint(const pml::Layout& layout) {
@@ -88,13 +147,15 @@ void save_cache_file(const std::string& path, const pml::Layout& layout, const C
     throw Error(ErrorKind::kInvalidArgument,
                 "schema '" + layout.schema_name + "' has no compiled states to save", {path});
   }
-  write_safetensors(path, tensors,
-                    {{"format", kFormat},
-                     {"schema", layout.schema_name},
-                     {"layout", layout_fingerprint(layout)},
-                     {"model", model_fingerprint(model)},
-                     {"dtype", dtype_name(model.dtype())},
-                     {"encoding", to_string(mode)}});
+  std::map<std::string, std::string> meta = {{"format", kFormat},
+                                             {"schema", layout.schema_name},
+                                             {"layout", layout_fingerprint(layout)},
+                                             {"model", model_fingerprint(model)},
+                                             {"dtype", dtype_name(model.dtype())},
+                                             {"encoding", to_string(mode)}};
+  for (const auto& [name, t] : tensors) meta["xxh3." + name] = tensor_checksum(t);
+  meta["metadata_xxh3"] = metadata_checksum(meta);
+  write_atomically(path, tensors, meta);
 }
 
 void load_cache_file(const std::string& path, const pml::Layout& layout, CacheStore& store,
@@ -115,6 +176,14 @@ void load_cache_file(const std::string& path, const pml::Layout& layout, CacheSt
     }
   };
   expect("format", kFormat, "format");
+  {
+    auto it = meta.find("metadata_xxh3");
+    if (it == meta.end() || it->second != metadata_checksum(meta)) {
+      throw Error(ErrorKind::kCacheFile,
+                  "corrupt cache file: its metadata does not match its checksum; compile again",
+                  {path});
+    }
+  }
   expect("schema", layout.schema_name, "schema");
   expect("layout", layout_fingerprint(layout), "another version of the schema (layout");
   expect("dtype", dtype_name(model.dtype()), "dtype");
@@ -138,6 +207,13 @@ void load_cache_file(const std::string& path, const pml::Layout& layout, CacheSt
       parts[i] = file->tensor(name);
       if (parts[i].sizes() != at::IntArrayRef(shape)) {
         throw Error(ErrorKind::kCacheFile, "tensor has the wrong shape for its span",
+                    {path, 0, 0, "tensor '" + name + "'"});
+      }
+      const auto sum = meta.find("xxh3." + name);
+      if (sum == meta.end() || sum->second != tensor_checksum(parts[i])) {
+        throw Error(ErrorKind::kCacheFile,
+                    "corrupt cache file: the tensor's bytes do not match its checksum; compile "
+                    "again",
                     {path, 0, 0, "tensor '" + name + "'"});
       }
     }

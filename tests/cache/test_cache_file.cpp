@@ -103,3 +103,54 @@ TEST_CASE("corrupt or foreign cache files give clear errors", "[cache][file]") {
                                     EncodingMode::kScaffold),
                     Catch::Contains("not a promptcache states file") && Catch::Contains(foreign));
 }
+
+TEST_CASE("any changed byte of a cache file's tensors or metadata is caught", "[cache][file]") {
+  test::TempDir dir;
+  auto engine = test::tiny_engine(3);
+  const std::string file = dir.file("kb.states");
+  engine->add_schema(pml::parse_schema_string(kSchema), {}, file);
+  // Written under a temporary name and renamed: nothing else is left in the folder.
+  CHECK(std::distance(std::filesystem::directory_iterator(dir.path()),
+                      std::filesystem::directory_iterator()) == 1);
+  std::string bytes;
+  {
+    std::ifstream in(file, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  std::uint64_t header = 0;
+  for (int i = 7; i >= 0; --i) header = header << 8 | static_cast<unsigned char>(bytes[i]);
+  const std::size_t data = 8 + header;
+  REQUIRE(bytes.size() > data + 1000);
+  auto load_changed = [&](std::size_t at, char value) {
+    std::string changed = bytes;
+    changed[at] = value;
+    const std::string path = dir.file("changed.states");
+    std::ofstream(path, std::ios::binary) << changed;
+    CacheStore store;
+    load_cache_file(path, engine->layout("kb"), store, engine->model(), EncodingMode::kScaffold);
+  };
+  // One bit of one byte, at many places in the tensor data: each names the file and a tensor.
+  int caught = 0;
+  for (std::size_t at = data; at < bytes.size(); at += 211) {
+    try {
+      load_changed(at, static_cast<char>(bytes[at] ^ 0x10));
+      FAIL("a changed byte at " << at << " was not caught");
+    } catch (const Error& e) {
+      CHECK(e.kind() == ErrorKind::kCacheFile);
+      CHECK_THAT(e.what(), Catch::Contains("changed.states") && Catch::Contains("checksum") &&
+                               Catch::Contains("tensor 'span."));
+      ++caught;
+    }
+  }
+  CHECK(caught > 20);
+  // A metadata value changed so that the header is still valid JSON.
+  const auto at = bytes.find("scaffold");
+  REQUIRE(at != std::string::npos);
+  REQUIRE(at < data);
+  CHECK_THROWS_WITH(load_changed(at, 'S'), Catch::Contains("changed.states") &&
+                                               Catch::Contains("metadata does not match"));
+  // The unchanged file still loads.
+  CacheStore store;
+  load_cache_file(file, engine->layout("kb"), store, engine->model(), EncodingMode::kScaffold);
+  CHECK(store.tokens("kb") > 0);
+}

@@ -3,8 +3,11 @@
 // A cache file is a safetensors file: tensors "span.<index>.k" / "span.<index>.v" of shape
 // [layers, kv_heads, n, head_dim], and metadata that pins what the states are valid for — the
 // schema's layout (a fingerprint of every span's tokens and positions), the model (config and
-// sampled weights), the dtype and the encoding mode. Loading checks all of it, so a file from
-// another schema version, model or mode is refused with an error instead of giving a wrong cache.
+// sampled weights), the dtype and the encoding mode, and an XXH3 checksum of every tensor and of
+// the metadata. Loading checks all of it, so a file from another schema version, model or mode,
+// or one with any byte changed, is refused with an error naming the file (and the tensor)
+// instead of giving a wrong cache. Files are written to a temporary name, flushed and renamed,
+// so a crash mid-write leaves the old file or none.
 #pragma once
 
 #include <cstdint>
@@ -24,8 +27,9 @@ void save_cache_file(const std::string& path, const pml::Layout& layout, const C
                      const LlamaModel& model, EncodingMode mode);
 
 // Loads the states of `layout` into the store (on the model's device). Error(kCacheFile) naming
-// the file when it does not belong to this schema layout, model, dtype or mode, or when a span's
-// tensors are missing or mis-shaped; Error(kSafetensors) when the file itself is malformed.
+// the file when it does not belong to this schema layout, model, dtype or mode, when a span's
+// tensors are missing or mis-shaped, or when a checksum does not match (naming the tensor);
+// Error(kSafetensors) when the file itself is malformed.
 void load_cache_file(const std::string& path, const pml::Layout& layout, CacheStore& store,
                      const LlamaModel& model, EncodingMode mode);
 
