@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # Names as in Debian bookworm (libfmt9: the runtime library of that release's libfmt-dev).
 pkgs=(libpugixml-dev libpugixml1v5 libfmt-dev libfmt9 nlohmann-json3-dev catch2 libcli11-dev
-      sentencepiece libsentencepiece0 libsentencepiece-dev)
+      sentencepiece libsentencepiece0 libsentencepiece-dev libpcre2-dev libpcre2-8-0
+      libutf8proc-dev libutf8proc2 libxxhash-dev)
 mkdir -p .gpu-debs
 rm -f .gpu-debs/*.deb
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo

@@ -23,13 +23,24 @@ for arg in "$@"; do
 done
 [ "$(id -u)" -eq 0 ] || { echo "torch2-check: needs root (debootstrap, mount, chroot)" >&2; exit 2; }
 
+# The same packages as scripts/install-deps.sh, from trixie.
+packages=build-essential,cmake,pkg-config,ccache,libtorch-dev,libopenblas0-pthread,libpugixml-dev,libfmt-dev,catch2,libsentencepiece-dev,sentencepiece,nlohmann-json3-dev,libcli11-dev,python3,libpcre2-dev,libutf8proc-dev,libxxhash-dev
 if [ ! -x "$root/usr/bin/cmake" ] || [ ! -f "$root/usr/lib/x86_64-linux-gnu/cmake/Torch/TorchConfig.cmake" ]; then
   command -v debootstrap >/dev/null || { apt-get update -qq && apt-get install -y -qq debootstrap; }
   echo "torch2-check: making a Debian trixie chroot with LibTorch 2.x in $root (a few minutes)"
-  debootstrap --variant=minbase \
-    --include=build-essential,cmake,pkg-config,ccache,libtorch-dev,libopenblas0-pthread,libpugixml-dev,libfmt-dev,catch2,libsentencepiece-dev,sentencepiece,nlohmann-json3-dev,libcli11-dev,python3 \
+  debootstrap --variant=minbase --include="$packages" \
     trixie "$root" http://deb.debian.org/debian >"$root.debootstrap.log" 2>&1 ||
     { echo "torch2-check: debootstrap failed (see $root.debootstrap.log)" >&2; exit 1; }
+fi
+# A chroot made before a dependency was added gets it now.
+missing=$(for p in ${packages//,/ }; do
+  chroot "$root" dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || echo "$p"
+done)
+if [ -n "$missing" ]; then
+  echo "torch2-check: installing into the chroot:" $missing
+  chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive \
+    bash -c "apt-get update -qq && apt-get install -y -qq $(echo $missing)" >"$root.apt.log" 2>&1 ||
+    { echo "torch2-check: apt-get in the chroot failed (see $root.apt.log)" >&2; exit 1; }
 fi
 
 mounts=()
