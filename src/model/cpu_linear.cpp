@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/kernels.hpp"
@@ -21,7 +22,7 @@ bool cpu_has(CpuLinearKernel kernel) {
       return true;
     case CpuLinearKernel::kAvx2:
       return kernels::linear_rows_avx2 != nullptr && __builtin_cpu_supports("avx2") &&
-             __builtin_cpu_supports("fma");
+             __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     case CpuLinearKernel::kAvx512:
       return kernels::linear_rows_avx512 != nullptr && __builtin_cpu_supports("avx512f");
   }
@@ -46,16 +47,159 @@ std::atomic<CpuLinearKernel>& selected() {
   return kernel;
 }
 
-kernels::LinearRowsFn rows_fn(CpuLinearKernel kernel) {
+// The kernel for weights of element type W (float, kernels::Bf16, kernels::F16).
+template <class W>
+kernels::LinearRowsOf<W> rows_fn(CpuLinearKernel kernel) {
+  auto pick = [](auto f32, auto bf16, auto f16) -> kernels::LinearRowsOf<W> {
+    if constexpr (std::is_same_v<W, float>) return f32;
+    if constexpr (std::is_same_v<W, kernels::Bf16>) return bf16;
+    if constexpr (std::is_same_v<W, kernels::F16>) return f16;
+  };
   switch (kernel) {
     case CpuLinearKernel::kAvx512:
-      return kernels::linear_rows_avx512;
+      return pick(kernels::linear_rows_avx512, kernels::linear_rows_bf16_avx512,
+                  kernels::linear_rows_f16_avx512);
     case CpuLinearKernel::kAvx2:
-      return kernels::linear_rows_avx2;
+      return pick(kernels::linear_rows_avx2, kernels::linear_rows_bf16_avx2,
+                  kernels::linear_rows_f16_avx2);
     case CpuLinearKernel::kNone:
       break;
   }
   return nullptr;
+}
+
+// x [..., k] (f32, m rows) times w [n, k] by `fn`, into a new f32 [..., n].
+template <class W>
+torch::Tensor run_rows(kernels::LinearRowsOf<W> fn, const torch::Tensor& x, int64_t m, int64_t k,
+                       const W* wp, int64_t n) {
+  const auto xc = x.contiguous();
+  auto sizes = x.sizes().vec();
+  sizes.back() = n;
+  auto out = torch::empty(sizes, x.options());
+  const float* xp = xc.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  // Each thread streams its own contiguous share of the weight rows (a multiple of 12, so the
+  // 4- and 3-row blocks of the kernels stay whole); small matrices stay on one thread.
+  constexpr int64_t kGrain = 12 * 16;
+  const int threads =
+      static_cast<int>(std::min<int64_t>(kernel_threads(), (n + kGrain - 1) / kGrain));
+  // Each thread transposes x into its own scratch (kept between calls: a fresh allocation of
+  // that size would be page-faulted anew each time).
+  // f16 weights use it from 2 rows on too, for rows converted once for several passes.
+  const bool lanes = m >= (std::is_same_v<W, kernels::F16> ? 2 : kernels::kLinearLaneMinRows);
+  auto scratch = [&]() -> float* {
+    if (!lanes) return nullptr;
+    thread_local std::vector<float> xt;
+    const auto need = static_cast<std::size_t>(kernels::linear_scratch_floats(m, k));
+    if (xt.size() < need) xt.resize(need);
+    return xt.data();
+  };
+  if (threads <= 1) {
+    fn(xp, m, k, wp, 0, n, op, n, scratch());
+    return out;
+  }
+  const int64_t share = ((n + threads - 1) / threads + 11) / 12 * 12;
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t n0 = std::min<int64_t>(n, omp_get_thread_num() * share);
+    const int64_t n1 = std::min<int64_t>(n, n0 + share);
+    if (n0 < n1) fn(xp, m, k, wp, n0, n1, op, n, scratch());
+  }
+  return out;
+}
+
+// More than kCpuLinearMaxRows rows with bf16/f16 weights: the weights converted to f32 into a
+// scratch kept by the calling thread, then LibTorch's f32 GEMM; weights of more than
+// kLongBlockFloats go in blocks of rows, which bounds the scratch (16 MB) where converting a
+// whole 8B-model matrix would allocate and page-fault hundreds of MB per call. Measured on
+// bench-small's shapes (768x768, 2048x768, 768x2048; m = 65, 128, 512, 2048; one thread, 2-core
+// AVX2 host shared with builds, so +-15%): converting the whole weight per call costs 1-12%
+// over f32 weights at 65-128 rows and 1-3% from 512; converting blocks of 64 or 256 rows into
+// the scratch and at::mm_out per block was as fast at 65-128 rows but up to 1.5x slower at 2048
+// (a GEMM per small block); LibTorch 1.13's own bf16 matmul (x.to(bf16)) took 10-35x as long.
+constexpr int64_t kLongBlockFloats = int64_t{4} << 20;
+
+// The weight's rows [r0, r0 + rows) converted to f32 into dst by `widen`, on the calling thread.
+// Not LibTorch's copy_ nor an OpenMP region: either leaves OpenMP's threads spinning while the
+// OpenBLAS GEMM that follows wants both cores, and took this path to 2.0-2.4x the f32 time at
+// 128 rows with 2 threads (bench_linear); converted so, it is ~1.1x.
+template <class W>
+void widen_rows(kernels::WidenOf<W> widen, const torch::Tensor& weight, int64_t r0, int64_t rows,
+                float* dst) {
+  const int64_t k = weight.size(1);
+  widen(reinterpret_cast<const W*>(weight.data_ptr()) + r0 * k, rows * k, dst);
+}
+
+template <class W>
+torch::Tensor long_half_linear(kernels::WidenOf<W> widen, const torch::Tensor& x,
+                               const torch::Tensor& weight) {
+  const int64_t n = weight.size(0), k = weight.size(1);
+  thread_local torch::Tensor scratch;
+  const int64_t block = std::max<int64_t>(16, kLongBlockFloats / k / 16 * 16);
+  const int64_t rows = std::min(n, block);
+  if (!scratch.defined() || scratch.numel() < rows * k) {
+    scratch = torch::empty({rows * k}, x.options());
+  }
+  auto convert = [&](const torch::Tensor& w, int64_t r0, int64_t nb) {
+    if (widen != nullptr) {
+      widen_rows<W>(widen, weight, r0, nb, w.data_ptr<float>());
+    } else {
+      w.copy_(weight.narrow(0, r0, nb));
+    }
+  };
+  if (n <= block) {
+    auto w = scratch.narrow(0, 0, n * k).view({n, k});
+    convert(w, 0, n);
+    return torch::linear(x, w);
+  }
+  const auto x2 = x.reshape({-1, k});
+  auto out = torch::empty({x2.size(0), n}, x.options());
+  for (int64_t r0 = 0; r0 < n; r0 += block) {
+    const int64_t nb = std::min(block, n - r0);
+    auto w = scratch.narrow(0, 0, nb * k).view({nb, k});
+    convert(w, r0, nb);
+    auto part = out.narrow(1, r0, nb);
+    at::mm_out(part, x2, w.t());
+  }
+  auto sizes = x.sizes().vec();
+  sizes.back() = n;
+  return out.view(sizes);
+}
+
+// The conversion for weights of element type W with `kernel`'s instruction set (null: none).
+template <class W>
+kernels::WidenOf<W> widen_fn(CpuLinearKernel kernel) {
+  const bool avx512 = kernel == CpuLinearKernel::kAvx512;
+  if (kernel == CpuLinearKernel::kNone) return nullptr;
+  if constexpr (std::is_same_v<W, kernels::Bf16>) {
+    return avx512 ? kernels::widen_bf16_avx512 : kernels::widen_bf16_avx2;
+  } else {
+    return avx512 ? kernels::widen_f16_avx512 : kernels::widen_f16_avx2;
+  }
+}
+
+// The kernels' preconditions on x and weight besides the dtypes.
+bool kernel_takes(const torch::Tensor& x, const torch::Tensor& weight) {
+  return x.device().is_cpu() && weight.device().is_cpu() && weight.dim() == 2 && x.dim() >= 1 &&
+         weight.is_contiguous() && x.size(-1) == weight.size(1) &&
+         !(at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad()));
+}
+
+// f32 x times bf16/f16 weights (W): the kernel up to kCpuLinearMaxRows rows, beyond that
+// long_half_linear; torch::linear on the f32 weights when the kernels are off (the reference).
+template <class W>
+torch::Tensor half_linear(const torch::Tensor& x, const torch::Tensor& weight) {
+  const auto fn = rows_fn<W>(cpu_linear_kernel());
+  if (fn == nullptr || !kernel_takes(x, weight)) {
+    return torch::linear(x, weight.to(torch::kFloat32));
+  }
+  const int64_t k = weight.size(1), n = weight.size(0);
+  const int64_t m = k == 0 ? 0 : x.numel() / k;
+  if (m == 0 || k == 0 || n == 0) return torch::linear(x, weight.to(torch::kFloat32));
+  if (m > kCpuLinearMaxRows) {
+    return long_half_linear<W>(widen_fn<W>(cpu_linear_kernel()), x, weight);
+  }
+  return run_rows<W>(fn, x, m, k, reinterpret_cast<const W*>(weight.data_ptr()), n);
 }
 
 }  // namespace
@@ -83,50 +227,19 @@ std::string cpu_linear_name(CpuLinearKernel kernel) {
 }
 
 torch::Tensor linear_layer(const torch::Tensor& x, const torch::Tensor& weight) {
-  const kernels::LinearRowsFn fn = rows_fn(cpu_linear_kernel());
-  if (fn == nullptr || !x.device().is_cpu() || !weight.device().is_cpu() ||
-      x.scalar_type() != torch::kFloat32 || weight.scalar_type() != torch::kFloat32 ||
-      weight.dim() != 2 || x.dim() < 1 || !weight.is_contiguous() || x.size(-1) != weight.size(1) ||
-      (at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad()))) {
+  if (x.scalar_type() == torch::kFloat32) {
+    if (weight.scalar_type() == torch::kBFloat16) return half_linear<kernels::Bf16>(x, weight);
+    if (weight.scalar_type() == torch::kFloat16) return half_linear<kernels::F16>(x, weight);
+  }
+  const kernels::LinearRowsFn fn = rows_fn<float>(cpu_linear_kernel());
+  if (fn == nullptr || x.scalar_type() != torch::kFloat32 ||
+      weight.scalar_type() != torch::kFloat32 || !kernel_takes(x, weight)) {
     return torch::linear(x, weight);
   }
   const int64_t k = weight.size(1), n = weight.size(0);
   const int64_t m = k == 0 ? 0 : x.numel() / k;
   if (m == 0 || m > kCpuLinearMaxRows || k == 0 || n == 0) return torch::linear(x, weight);
-  const auto xc = x.contiguous();
-  auto sizes = x.sizes().vec();
-  sizes.back() = n;
-  auto out = torch::empty(sizes, x.options());
-  const float* xp = xc.data_ptr<float>();
-  const float* wp = weight.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  // Each thread streams its own contiguous share of the weight rows (a multiple of 12, so the
-  // 4- and 3-row blocks of the kernels stay whole); small matrices stay on one thread.
-  constexpr int64_t kGrain = 12 * 16;
-  const int threads =
-      static_cast<int>(std::min<int64_t>(kernel_threads(), (n + kGrain - 1) / kGrain));
-  // Each thread transposes x into its own scratch (kept between calls: a fresh allocation of
-  // that size would be page-faulted anew each time).
-  const bool lanes = m >= kernels::kLinearLaneMinRows;
-  auto scratch = [&]() -> float* {
-    if (!lanes) return nullptr;
-    thread_local std::vector<float> xt;
-    const auto need = static_cast<std::size_t>(kernels::linear_scratch_floats(m, k));
-    if (xt.size() < need) xt.resize(need);
-    return xt.data();
-  };
-  if (threads <= 1) {
-    fn(xp, m, k, wp, 0, n, op, n, scratch());
-    return out;
-  }
-  const int64_t share = ((n + threads - 1) / threads + 11) / 12 * 12;
-#pragma omp parallel num_threads(threads)
-  {
-    const int64_t n0 = std::min<int64_t>(n, omp_get_thread_num() * share);
-    const int64_t n1 = std::min<int64_t>(n, n0 + share);
-    if (n0 < n1) fn(xp, m, k, wp, n0, n1, op, n, scratch());
-  }
-  return out;
+  return run_rows<float>(fn, x, m, k, weight.data_ptr<float>(), n);
 }
 
 }  // namespace promptcache

@@ -1,5 +1,6 @@
 // The small-row CPU linear kernels equal torch::linear for every shape they take (all tails of
 // the register blocks, one and several threads), and everything they do not take falls back.
+// bf16/f16 weights with f32 x equal the f32 product with the weights converted to f32.
 #include <torch/types.h>
 #include "support/catch_torch.hpp"
 
@@ -23,7 +24,8 @@ double max_rel_error(const torch::Tensor& got, const torch::Tensor& want) {
 
 }  // namespace
 
-TEST_CASE("small-row CPU linear kernels equal torch::linear on every block tail") {
+TEST_CASE("small-row CPU linear kernels equal torch::linear on every block tail",
+          "[cpu_linear][kernels]") {
   KernelGuard guard;
   torch::NoGradGuard no_grad;
   const auto kernels = available_kernels();
@@ -71,7 +73,8 @@ TEST_CASE("small-row CPU linear kernels equal torch::linear on every block tail"
   if (!kernels.empty()) REQUIRE(checked == static_cast<int>(kernels.size()) * 3 * 17 * 9 * 9);
 }
 
-TEST_CASE("CPU linear falls back to torch::linear for what the kernels do not take") {
+TEST_CASE("CPU linear falls back to torch::linear for what the kernels do not take",
+          "[cpu_linear][kernels]") {
   KernelGuard guard;
   torch::NoGradGuard no_grad;
   REQUIRE(select_cpu_linear(CpuLinearKernel::kNone));
@@ -95,7 +98,7 @@ TEST_CASE("CPU linear falls back to torch::linear for what the kernels do not ta
   }
 }
 
-TEST_CASE("CPU linear leaves tensors that want gradients to autograd") {
+TEST_CASE("CPU linear leaves tensors that want gradients to autograd", "[cpu_linear][kernels]") {
   KernelGuard guard;
   for (auto kernel : available_kernels()) {
     REQUIRE(select_cpu_linear(kernel));
@@ -105,5 +108,93 @@ TEST_CASE("CPU linear leaves tensors that want gradients to autograd") {
     REQUIRE(y.requires_grad());
     y.sum().backward();
     REQUIRE(torch::allclose(xg.grad(), w.sum(0).expand({2, 32})));
+  }
+}
+
+TEST_CASE("bf16 and f16 weights with f32 x equal torch::linear on the converted weights",
+          "[cpu_linear][kernels]") {
+  KernelGuard guard;
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(11);
+  // The reference is off (torch::linear on the weights converted to f32) and every kernel.
+  auto kernels = available_kernels();
+  kernels.insert(kernels.begin(), CpuLinearKernel::kNone);
+  int checked = 0;
+  for (auto kernel : kernels) {
+    REQUIRE(select_cpu_linear(kernel));
+    for (auto dtype : {torch::kBFloat16, torch::kFloat16}) {
+      for (int threads : {1, 2}) {
+        set_kernel_threads(threads);
+        // The few-row blocks (1-12), the lanes (13-64), past kCpuLinearMaxRows the long path.
+        for (int64_t m : {1,  2,  3,  4,  5,  6,  7,  8,  9,  11,  12,  13, 16,
+                          17, 31, 33, 40, 63, 64, 65, 70, 96, 128, 129, 200}) {
+          for (int64_t k : {1, 7, 9, 17, 100, 257}) {
+            for (int64_t n : {1, 5, 13, 191, 400}) {
+              auto x = torch::randn({m, k});
+              auto w = torch::randn({n, k}).to(dtype);
+              auto got = linear_layer(x, w);
+              // The converted weights are exact, so the sums are f32 sums of exact products:
+              // the same 1e-5 (relative to the largest output) as for f32 weights, both dtypes.
+              auto want = torch::linear(x.to(torch::kFloat64), w.to(torch::kFloat64));
+              INFO(cpu_linear_name(kernel) << " " << dtype << " threads " << threads << " m " << m
+                                           << " k " << k << " n " << n);
+              REQUIRE(got.sizes() == want.sizes());
+              REQUIRE(got.scalar_type() == torch::kFloat32);
+              REQUIRE(max_rel_error(got.to(torch::kFloat64), want) < 1e-5);
+              if (kernel == CpuLinearKernel::kNone) {
+                REQUIRE(torch::equal(got, torch::linear(x, w.to(torch::kFloat32))));
+              }
+              ++checked;
+            }
+          }
+        }
+      }
+    }
+    // Model-sized cases as the decoder layers call them: a decode step and a 16-token question
+    // with batch and token axes, and a weight that is a view with an offset into its storage.
+    set_kernel_threads(2);
+    for (auto dtype : {torch::kBFloat16, torch::kFloat16}) {
+      auto whole = torch::randn({2049, 768}).to(dtype);
+      auto w = whole.narrow(0, 1, 2048);
+      REQUIRE(w.is_contiguous());
+      for (int64_t tokens : {1, 16}) {
+        auto x = torch::randn({1, tokens, 768});
+        auto got = linear_layer(x, w);
+        REQUIRE(got.sizes() == torch::IntArrayRef({1, tokens, 2048}));
+        REQUIRE(max_rel_error(got.to(torch::kFloat64),
+                              torch::linear(x.to(torch::kFloat64), w.to(torch::kFloat64))) < 1e-5);
+      }
+      // A non-contiguous x is read correctly; a non-contiguous weight falls back.
+      auto xt = torch::randn({768, 5}).t();
+      REQUIRE(max_rel_error(linear_layer(xt, w), torch::linear(xt, w.to(torch::kFloat32))) < 1e-5);
+      auto wt = torch::randn({32, 10}).to(dtype).t();
+      auto x = torch::randn({3, 32});
+      REQUIRE(torch::equal(linear_layer(x, wt), torch::linear(x, wt.to(torch::kFloat32))));
+      // Shape errors are torch::linear's own.
+      REQUIRE_THROWS(linear_layer(torch::randn({2, 767}), w));
+    }
+    // Past kCpuLinearMaxRows a weight of more than 4M elements is converted in blocks of rows.
+    auto big = torch::randn({4101, 1027}).to(torch::kBFloat16);
+    auto xl = torch::randn({2, kCpuLinearMaxRows, 1027});
+    auto got = linear_layer(xl, big);
+    REQUIRE(got.sizes() == torch::IntArrayRef({2, kCpuLinearMaxRows, 4101}));
+    REQUIRE(max_rel_error(got.to(torch::kFloat64),
+                          torch::linear(xl.to(torch::kFloat64), big.to(torch::kFloat64))) < 1e-5);
+  }
+  REQUIRE(checked == static_cast<int>(kernels.size()) * 2 * 2 * 25 * 6 * 5);
+}
+
+TEST_CASE("bf16 weights that want gradients go to autograd through the f32 weights",
+          "[cpu_linear][kernels]") {
+  KernelGuard guard;
+  for (auto kernel : available_kernels()) {
+    REQUIRE(select_cpu_linear(kernel));
+    auto xg = torch::randn({2, 32}, torch::requires_grad());
+    auto w = torch::randn({10, 32}).to(torch::kBFloat16);
+    auto y = linear_layer(xg, w);
+    REQUIRE(y.requires_grad());
+    REQUIRE(y.scalar_type() == torch::kFloat32);
+    y.sum().backward();
+    REQUIRE(torch::allclose(xg.grad(), w.to(torch::kFloat32).sum(0).expand({2, 32})));
   }
 }

@@ -1,14 +1,18 @@
-// src/model/kernels/avx2.cpp — the CPU kernels for AVX2 + FMA (8 floats per register).
+// src/model/kernels/avx2.cpp — the CPU kernels for AVX2 + FMA (8 floats per register), with
+// F16C for f16 weights.
 // Linear: 3 weight rows x 4 tokens = 12 of the 16 registers hold sums; from 13 rows of x on,
 // 6 weight rows x 16 tokens = 12 sums along the lanes. Attention: 12 sums too,
 // 3 vectors of query rows (24 rows) x 4 keys or value columns; a decode step's values 3 rows x
 // 4 vectors.
 #include "kernels.hpp"
 
-#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__)
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 
 namespace {
+using promptcache::kernels::Bf16;
+using promptcache::kernels::F16;
+
 struct Vec {
   using Reg = __m256;
   static constexpr int kWidth = 8, kRows = 3, kTokens = 4, kValueRows = 3, kValueCols = 4,
@@ -23,6 +27,20 @@ struct Vec {
   static Reg load(const float* p) { return _mm256_loadu_ps(p); }
   static Reg load_first(const float* p, int n) {  // the first n (< 8) floats, the rest zero
     return _mm256_maskload_ps(p, first(n));
+  }
+  // bf16 -> f32: its 16 bits become the f32's high half; f16 -> f32 by F16C. Both exact.
+  static Reg load(const Bf16* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  static Reg load(const F16* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  template <class W>
+  static Reg load_first(const W* p, int n) {  // 16-bit weights: the first n (< 8), the rest zero
+    W buf[kWidth] = {};
+    __builtin_memcpy(buf, p, n * sizeof(W));
+    return load(buf);
   }
   static void store(float* p, Reg v) { _mm256_storeu_ps(p, v); }
   static void store_first(float* p, int n, Reg v) { _mm256_maskstore_ps(p, first(n), v); }
@@ -66,12 +84,20 @@ struct Vec {
 
 namespace promptcache::kernels {
 const LinearRowsFn linear_rows_avx2 = &linear_rows;
+const LinearRowsBf16Fn linear_rows_bf16_avx2 = &linear_rows_bf16;
+const LinearRowsF16Fn linear_rows_f16_avx2 = &linear_rows_f16;
+const WidenOf<Bf16> widen_bf16_avx2 = &widen_bf16;
+const WidenOf<F16> widen_f16_avx2 = &widen_f16;
 const AttendRowsFn attend_rows_avx2 = &attend_rows;
 static_assert(Vec::kWidth == kAvx2Width);
 }  // namespace promptcache::kernels
 #else
 namespace promptcache::kernels {
 const LinearRowsFn linear_rows_avx2 = nullptr;
+const LinearRowsBf16Fn linear_rows_bf16_avx2 = nullptr;
+const LinearRowsF16Fn linear_rows_f16_avx2 = nullptr;
+const WidenOf<Bf16> widen_bf16_avx2 = nullptr;
+const WidenOf<F16> widen_f16_avx2 = nullptr;
 const AttendRowsFn attend_rows_avx2 = nullptr;
 }  // namespace promptcache::kernels
 #endif

@@ -9,6 +9,9 @@
 #include <immintrin.h>
 
 namespace {
+using promptcache::kernels::Bf16;
+using promptcache::kernels::F16;
+
 struct Vec {
   using Reg = __m512;
   static constexpr int kWidth = 16, kRows = 4, kTokens = 6, kValueRows = 6, kValueCols = 4,
@@ -20,6 +23,20 @@ struct Vec {
   static Reg load(const float* p) { return _mm512_loadu_ps(p); }
   static Reg load_first(const float* p, int n) {  // the first n (< 16) floats, the rest zero
     return _mm512_maskz_loadu_ps(first(n), p);
+  }
+  // bf16 -> f32: its 16 bits become the f32's high half; f16 -> f32 (AVX-512F). Both exact.
+  static Reg load(const Bf16* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static Reg load(const F16* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  template <class W>
+  static Reg load_first(const W* p, int n) {  // 16-bit weights: the first n (< 16), the rest zero
+    W buf[kWidth] = {};
+    __builtin_memcpy(buf, p, n * sizeof(W));
+    return load(buf);
   }
   static void store(float* p, Reg v) { _mm512_storeu_ps(p, v); }
   static void store_first(float* p, int n, Reg v) { _mm512_mask_storeu_ps(p, first(n), v); }
@@ -48,12 +65,20 @@ struct Vec {
 
 namespace promptcache::kernels {
 const LinearRowsFn linear_rows_avx512 = &linear_rows;
+const LinearRowsBf16Fn linear_rows_bf16_avx512 = &linear_rows_bf16;
+const LinearRowsF16Fn linear_rows_f16_avx512 = &linear_rows_f16;
+const WidenOf<Bf16> widen_bf16_avx512 = &widen_bf16;
+const WidenOf<F16> widen_f16_avx512 = &widen_f16;
 const AttendRowsFn attend_rows_avx512 = &attend_rows;
 static_assert(Vec::kWidth == kAvx512Width);
 }  // namespace promptcache::kernels
 #else
 namespace promptcache::kernels {
 const LinearRowsFn linear_rows_avx512 = nullptr;
+const LinearRowsBf16Fn linear_rows_bf16_avx512 = nullptr;
+const LinearRowsF16Fn linear_rows_f16_avx512 = nullptr;
+const WidenOf<Bf16> widen_bf16_avx512 = nullptr;
+const WidenOf<F16> widen_f16_avx512 = nullptr;
 const AttendRowsFn attend_rows_avx512 = nullptr;
 }  // namespace promptcache::kernels
 #endif

@@ -12,13 +12,35 @@ namespace promptcache::kernels {
 // blocks take at most two passes of 6 tokens (AVX-512) and are as fast or faster; from 13 on the
 // lanes are (16 tokens: 14.7-15.2 against 18.5-18.8 ms for bench-small's 12 layers,
 // docs/benchmarks.md).
-using LinearRowsFn = void (*)(const float* x, long long m, long long k, const float* w,
-                              long long n0, long long n1, float* out, long long ldo,
-                              float* scratch);
+// The weights may also be bf16 or f16 (W below), converted to f32 as they are loaded; x, the
+// sums and out stay f32, so the result is the f32 product with the converted weights. With f16
+// weights the scratch is used from 2 rows on (rows converted once for several passes).
+template <class W>
+using LinearRowsOf = void (*)(const float* x, long long m, long long k, const W* w, long long n0,
+                              long long n1, float* out, long long ldo, float* scratch);
+// A bf16 or f16 weight element, its 16 bits as stored (the layout of at::BFloat16, at::Half).
+struct Bf16 {
+  unsigned short bits;
+};
+struct F16 {
+  unsigned short bits;
+};
+using LinearRowsFn = LinearRowsOf<float>;
+using LinearRowsBf16Fn = LinearRowsOf<Bf16>;
+using LinearRowsF16Fn = LinearRowsOf<F16>;
+// `count` bf16/f16 values converted to f32 (the long-input path converts a weight so, then runs
+// the f32 GEMM).
+template <class W>
+using WidenOf = void (*)(const W* src, long long count, float* dst);
 constexpr long long kLinearLaneMinRows = 13;
-// x transposed, its tokens padded to a multiple of 16 (the widest vector).
-constexpr long long linear_scratch_floats(long long m, long long k) {
+// x transposed, its tokens padded to a multiple of 16 (the widest vector); then, for bf16/f16
+// weights, a block of up to kLinearLaneMaxBlockRows weight rows converted to f32.
+constexpr long long kLinearLaneMaxBlockRows = 12;
+constexpr long long linear_scratch_x_floats(long long m, long long k) {
   return k * ((m + 15) / 16 * 16);
+}
+constexpr long long linear_scratch_floats(long long m, long long k) {
+  return linear_scratch_x_floats(m, k) + kLinearLaneMaxBlockRows * k;
 }
 
 // One run of a KV head's slots: `slots` keys and as many values, each a dense row of d floats.
@@ -60,11 +82,20 @@ constexpr long long attend_scratch_floats(long long d, long long slots) {
   return kAttendRowChunk * (slots + 2 * d + 1);
 }
 
-// Compiled with AVX-512F / with AVX2+FMA enabled; call only where the CPU has them. Null on
-// processors for which these kernels are not built. The attention kernels take only a head
-// size that is a multiple of the vector width (kAvx512Width, kAvx2Width).
+// Compiled with AVX-512F / with AVX2+FMA enabled (both with F16C, which the bf16/f16 kernels
+// use); call only where the CPU has them. Null on processors for which these kernels are not
+// built. The attention kernels take only a head size that is a multiple of the vector width
+// (kAvx512Width, kAvx2Width).
 extern const LinearRowsFn linear_rows_avx512;
 extern const LinearRowsFn linear_rows_avx2;
+extern const LinearRowsBf16Fn linear_rows_bf16_avx512;
+extern const LinearRowsBf16Fn linear_rows_bf16_avx2;
+extern const LinearRowsF16Fn linear_rows_f16_avx512;
+extern const LinearRowsF16Fn linear_rows_f16_avx2;
+extern const WidenOf<Bf16> widen_bf16_avx512;
+extern const WidenOf<Bf16> widen_bf16_avx2;
+extern const WidenOf<F16> widen_f16_avx512;
+extern const WidenOf<F16> widen_f16_avx2;
 extern const AttendRowsFn attend_rows_avx512;
 extern const AttendRowsFn attend_rows_avx2;
 constexpr long long kAvx512Width = 16, kAvx2Width = 8;

@@ -11,21 +11,30 @@
 // what makes this faster than a general GEMM when there are only a few rows (a GEMM packs the
 // whole weight matrix on every call).
 //
+// The weights W are f32, bf16 or f16 (kernels::Bf16, F16): Vec::load / load_first convert them
+// to f32 registers (the lanes, and f16 over several passes, convert a block of rows into the
+// scratch first), so one template serves all three and the f32 code is what it was before
+// (measured unchanged, benchmarks/bench_linear). The sums are f32 either way: the result is the
+// f32 product with the weights converted, which are exact.
+//
 // Everything here has internal linkage and the file includes no standard headers, so no
 // inline function compiled for this ISA can be merged with a generic copy by the linker.
 
 namespace {
 
 using Index = long long;
+using promptcache::kernels::Bf16;
+using promptcache::kernels::F16;
 // Prefetches go to L2 (locality 2): the next block's rows plus the current block's and the
 // token rows can exceed L1 for wide rows (k = 2048 floats is 8 KiB a row).
 constexpr int kPrefetchLocality = 2;
 
-// The address `floats` floats past p, for a prefetch only: computed as an integer, since it may
-// lie past the end of the array (a request there is dropped, and the loop stays branch-free).
-inline const void* prefetch_address(const float* p, Index floats) {
+// The address `elements` elements past p, for a prefetch only: computed as an integer, since it
+// may lie past the end of the array (a request there is dropped, and the loop stays branch-free).
+template <class W>
+inline const void* prefetch_address(const W* p, Index elements) {
   return reinterpret_cast<const void*>(reinterpret_cast<__UINTPTR_TYPE__>(p) +
-                                       static_cast<__UINTPTR_TYPE__>(floats) * sizeof(float));
+                                       static_cast<__UINTPTR_TYPE__>(elements) * sizeof(W));
 }
 
 // Prefetching: while a block multiplies its weight rows it asks for rows of the next block
@@ -34,11 +43,11 @@ inline const void* prefetch_address(const float* p, Index floats) {
 // streaming while the later passes reuse the current rows from L1. Without it the weight GEMMs
 // of a 16-token forward over bench-small took 24 ms instead of 19 (the same calls with the
 // weights in cache: 13 ms); the hardware prefetcher alone does not run far enough ahead.
-template <int R, int T>
-inline void linear_block(const float* x, Index k, const float* w, int rows, float* out, Index ldo,
-                         const float* next, unsigned prefetch_rows) {
+template <class W, int R, int T>
+inline void linear_block(const float* x, Index k, const W* w, int rows, float* out, Index ldo,
+                         const W* next, unsigned prefetch_rows) {
   typename Vec::Reg acc[R][T];
-  const float* wr[R];
+  const W* wr[R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) wr[r] = w + (r < rows ? r : 0) * k;  // spare rows redo row 0
 #pragma GCC unroll 8
@@ -80,14 +89,14 @@ inline void linear_block(const float* x, Index k, const float* w, int rows, floa
 }
 
 // The last (fewer than kTokens) token rows: picks the block instantiated for exactly that many.
-template <int T>
-inline void linear_block_tail(int tokens, const float* x, Index k, const float* w, int rows,
-                              float* out, Index ldo, const float* next, unsigned prefetch_rows) {
+template <class W, int T>
+inline void linear_block_tail(int tokens, const float* x, Index k, const W* w, int rows,
+                              float* out, Index ldo, const W* next, unsigned prefetch_rows) {
   if constexpr (T > 0) {
     if (tokens == T) {
-      linear_block<Vec::kRows, T>(x, k, w, rows, out, ldo, next, prefetch_rows);
+      linear_block<W, Vec::kRows, T>(x, k, w, rows, out, ldo, next, prefetch_rows);
     } else {
-      linear_block_tail<T - 1>(tokens, x, k, w, rows, out, ldo, next, prefetch_rows);
+      linear_block_tail<W, T - 1>(tokens, x, k, w, rows, out, ldo, next, prefetch_rows);
     }
   }
 }
@@ -160,20 +169,52 @@ inline void lane_linear_tail(int rows, const float* xt, Index ldx, Index k, cons
   }
 }
 
+// The `count` 16-bit weights at src (rows in a row) converted to f32 into dst, asking (to L2)
+// for the weights kConvertAheadBytes further on: the rows a kernel call takes are one stream.
+constexpr Index kConvertAheadBytes = 16384;
+template <class W>
+inline void convert_rows(const W* src, Index count, float* dst) {
+  constexpr Index kLine = 64 / static_cast<Index>(sizeof(W));
+  constexpr Index kAhead = kConvertAheadBytes / static_cast<Index>(sizeof(W));
+  Index i = 0;
+  for (; i + Vec::kWidth <= count; i += Vec::kWidth) {
+    if (i % kLine == 0) __builtin_prefetch(prefetch_address(src, i + kAhead), 0, kPrefetchLocality);
+    Vec::store(dst + i, Vec::load(src + i));
+  }
+  if (i < count) {
+    const int left = static_cast<int>(count - i);
+    Vec::store_first(dst + i, left, Vec::load_first(src + i, left));
+  }
+}
+
 // Weight rows [n0, n1), J at a time; each block of rows meets the tokens in passes of up to
 // kLinearLaneVecs vectors while its rows are in L1, and the first pass asks for the next block.
-template <int J>
-inline void lane_linear_blocks(const float* xt, Index ldx, Index m, Index k, const float* w,
-                               Index n0, Index n1, float* out, Index ldo) {
+// bf16/f16 rows (W) are first converted, a block at a time, into `wf` (J x k floats, L2-sized);
+// the passes then run the f32 code on them. Converting
+// each weight as it is broadcast instead (a load and an AND for bf16, a shuffle and a convert for
+// f16) took bench_linear's 16 and 64 rows to 1.35x (bf16) and 1.9x (f16) the f32 time; with the
+// block converted first they take about the f32 time.
+template <int J, class W>
+inline void lane_linear_blocks(const float* xt, Index ldx, Index m, Index k, const W* w,
+                               Index n0, Index n1, float* out, Index ldo, float* wf) {
   static_assert(Vec::kLinearLaneVecs == 2);
+  static_assert(J <= promptcache::kernels::kLinearLaneMaxBlockRows);
   constexpr Index kPassTokens = Vec::kLinearLaneVecs * Vec::kWidth;
+  constexpr bool kF32 = sizeof(W) == sizeof(float);
   float sums[J * kPassTokens];
   for (Index j = n0; j < n1; j += J) {
     const int rows = static_cast<int>(n1 - j < J ? n1 - j : J);
-    const float* wj = w + j * k;
+    const float* wj = nullptr;
+    if constexpr (kF32) {
+      wj = w + j * k;
+    } else {
+      convert_rows(w + j * k, rows * k, wf);
+      wj = wf;
+    }
     for (Index t0 = 0; t0 < m; t0 += kPassTokens) {
       const Index tokens = m - t0 < kPassTokens ? m - t0 : kPassTokens;
-      const float* next = t0 == 0 && j + J < n1 ? w + (j + J) * k : nullptr;
+      const float* next = nullptr;
+      if constexpr (kF32) next = t0 == 0 && j + J < n1 ? w + (j + J) * k : nullptr;
       const Index width = tokens > Vec::kWidth ? 2 * Vec::kWidth : Vec::kWidth;
       if (width > Vec::kWidth) {
         lane_linear_tail<2, J>(rows, xt + t0, ldx, k, wj, sums, t0 == 0, next);
@@ -187,35 +228,66 @@ inline void lane_linear_blocks(const float* xt, Index ldx, Index m, Index k, con
   }
 }
 
-// All m rows of x, transposed first into xt.
-inline void lane_linear(const float* x, Index m, Index k, const float* w, Index n0, Index n1,
+// All m rows of x, transposed first into xt (the scratch; 16-bit weights' rows go after it).
+template <class W>
+inline void lane_linear(const float* x, Index m, Index k, const W* w, Index n0, Index n1,
                         float* out, Index ldo, float* xt) {
   const Index ldx = (m + Vec::kWidth - 1) / Vec::kWidth * Vec::kWidth;
   for (Index i = 0; i < k; ++i) {
     for (Index t = 0; t < ldx; ++t) xt[i * ldx + t] = t < m ? x[t * k + i] : 0.0f;
   }
+  float* wf = xt + promptcache::kernels::linear_scratch_x_floats(m, k);
   // As many weight rows per block as the accumulators allow for the widest pass.
   if (ldx > Vec::kWidth) {
-    lane_linear_blocks<Vec::kLinearLaneAcc / 2>(xt, ldx, m, k, w, n0, n1, out, ldo);
+    lane_linear_blocks<Vec::kLinearLaneAcc / 2>(xt, ldx, m, k, w, n0, n1, out, ldo, wf);
   } else {
-    lane_linear_blocks<Vec::kLinearLaneAcc>(xt, ldx, m, k, w, n0, n1, out, ldo);
+    lane_linear_blocks<Vec::kLinearLaneAcc>(xt, ldx, m, k, w, n0, n1, out, ldo, wf);
   }
 }
 
-// The entry point each ISA unit exports (signature of kernels::LinearRowsFn).
-void linear_rows(const float* x, Index m, Index k, const float* w, Index n0, Index n1, float* out,
-                 Index ldo, float* xt) {
+// The entry points each ISA unit exports (signature of kernels::LinearRowsOf<W>).
+// f16 rows taking several passes (more than kTokens rows of x) are converted once per block into
+// the scratch: at 8-12 rows bf16 converted in every pass took 1.1-1.25x the f32 time against
+// 1.3x converted first, f16 1.45x in every pass against 1.3x first (vcvtph2ps costs more than
+// bf16's zero-extend and shift).
+template <class W>
+constexpr bool kConvertFirst = false;
+template <>
+constexpr bool kConvertFirst<F16> = true;
+
+template <class W>
+void linear_rows_of(const float* x, Index m, Index k, const W* w, Index n0, Index n1, float* out,
+                    Index ldo, float* xt) {
   if (xt != nullptr && m >= promptcache::kernels::kLinearLaneMinRows) {
-    lane_linear(x, m, k, w, n0, n1, out, ldo, xt);
+    lane_linear<W>(x, m, k, w, n0, n1, out, ldo, xt);
     return;
   }
   const int passes = static_cast<int>((m + Vec::kTokens - 1) / Vec::kTokens);
+  if constexpr (kConvertFirst<W>) {
+    if (passes > 1 && xt != nullptr) {
+      float* wf = xt + promptcache::kernels::linear_scratch_x_floats(m, k);
+      for (Index j = n0; j < n1; j += Vec::kRows) {
+        const int rows = static_cast<int>(n1 - j < Vec::kRows ? n1 - j : Vec::kRows);
+        convert_rows(w + j * k, rows * k, wf);
+        Index t = 0;
+        for (; t + Vec::kTokens <= m; t += Vec::kTokens) {
+          linear_block<float, Vec::kRows, Vec::kTokens>(x + t * k, k, wf, rows, out + t * ldo + j,
+                                                        ldo, wf, 0u);
+        }
+        if (t < m) {
+          linear_block_tail<float, Vec::kTokens - 1>(static_cast<int>(m - t), x + t * k, k, wf,
+                                                     rows, out + t * ldo + j, ldo, wf, 0u);
+        }
+      }
+      return;
+    }
+  }
   for (Index j = n0; j < n1; j += Vec::kRows) {
     const int rows = static_cast<int>(n1 - j < Vec::kRows ? n1 - j : Vec::kRows);
     const Index jn = j + Vec::kRows;
     const int next_rows =
         static_cast<int>(jn >= n1 ? 0 : (n1 - jn < Vec::kRows ? n1 - jn : Vec::kRows));
-    const float* next = w + jn * k;
+    const W* next = w + jn * k;
     // Pass p prefetches the next block's rows r with r % passes == p.
     auto prefetch_rows = [&](int pass) {
       unsigned bits = 0;
@@ -225,14 +297,34 @@ void linear_rows(const float* x, Index m, Index k, const float* w, Index n0, Ind
     Index t = 0;
     int pass = 0;
     for (; t + Vec::kTokens <= m; t += Vec::kTokens, ++pass) {
-      linear_block<Vec::kRows, Vec::kTokens>(x + t * k, k, w + j * k, rows, out + t * ldo + j, ldo,
-                                             next, prefetch_rows(pass));
+      linear_block<W, Vec::kRows, Vec::kTokens>(x + t * k, k, w + j * k, rows, out + t * ldo + j,
+                                                ldo, next, prefetch_rows(pass));
     }
     if (t < m) {
-      linear_block_tail<Vec::kTokens - 1>(static_cast<int>(m - t), x + t * k, k, w + j * k, rows,
-                                          out + t * ldo + j, ldo, next, prefetch_rows(pass));
+      linear_block_tail<W, Vec::kTokens - 1>(static_cast<int>(m - t), x + t * k, k, w + j * k,
+                                             rows, out + t * ldo + j, ldo, next,
+                                             prefetch_rows(pass));
     }
   }
+}
+
+void linear_rows(const float* x, Index m, Index k, const float* w, Index n0, Index n1, float* out,
+                 Index ldo, float* xt) {
+  linear_rows_of<float>(x, m, k, w, n0, n1, out, ldo, xt);
+}
+void linear_rows_bf16(const float* x, Index m, Index k, const Bf16* w, Index n0, Index n1,
+                      float* out, Index ldo, float* xt) {
+  linear_rows_of<Bf16>(x, m, k, w, n0, n1, out, ldo, xt);
+}
+void linear_rows_f16(const float* x, Index m, Index k, const F16* w, Index n0, Index n1,
+                     float* out, Index ldo, float* xt) {
+  linear_rows_of<F16>(x, m, k, w, n0, n1, out, ldo, xt);
+}
+void widen_bf16(const Bf16* src, Index count, float* dst) {
+  convert_rows(src, count, dst);
+}
+void widen_f16(const F16* src, Index count, float* dst) {
+  convert_rows(src, count, dst);
 }
 
 }  // namespace
