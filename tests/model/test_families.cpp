@@ -266,13 +266,12 @@ TEST_CASE("a checkpoint missing a family tensor is refused by name", "[llama][fa
   auto w = random_llama_weights(c, 1, 0.1);
   w.erase("model.layers.1.self_attn.k_norm.weight");
   CHECK_THROWS_WITH(LlamaModel::from_tensors(c, w, {}, "q3"),
-                    Catch::Matchers::Contains("model.layers.1.self_attn.k_norm.weight"));
+                    Catch::Contains("model.layers.1.self_attn.k_norm.weight"));
   const ModelConfig q2 = family_config("qwen2-tiny");
   auto w2 = random_llama_weights(q2, 1, 0.1);
   w2["model.layers.0.self_attn.q_proj.bias"] = torch::zeros({3});
-  CHECK_THROWS_WITH(
-      LlamaModel::from_tensors(q2, w2, {}, "q2"),
-      Catch::Matchers::Contains("q_proj.bias") && Catch::Matchers::Contains("shape [3]"));
+  CHECK_THROWS_WITH(LlamaModel::from_tensors(q2, w2, {}, "q2"),
+                    Catch::Contains("q_proj.bias") && Catch::Contains("shape [3]"));
 }
 
 namespace {
@@ -386,20 +385,20 @@ TEST_CASE("unsupported architectures and activations are refused with the suppor
   CHECK_THROWS_WITH(
       ModelConfig::from_json_string(
           replaced(kQwen3, R"(["Qwen3ForCausalLM"])", R"(["Qwen3MoeForCausalLM"])"), "moe.json"),
-      Catch::Matchers::Contains("moe.json") &&
-          Catch::Matchers::Contains("unsupported architecture 'Qwen3MoeForCausalLM'") &&
-          Catch::Matchers::Contains(
+      Catch::Contains("moe.json") &&
+          Catch::Contains("unsupported architecture 'Qwen3MoeForCausalLM'") &&
+          Catch::Contains(
               "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"));
   CHECK_THROWS_WITH(
       ModelConfig::from_json_string(
           replaced(kMistral, R"("hidden_act": "silu")", R"("hidden_act": "gelu")"), "g.json"),
-      Catch::Matchers::Contains("hidden_act") && Catch::Matchers::Contains("gelu"));
+      Catch::Contains("hidden_act") && Catch::Contains("gelu"));
   CHECK_THROWS_WITH(
       ModelConfig::from_json_string(
           replaced(kQwen25, R"("rope_theta": 1000000.0)",
                    R"("rope_theta": 1000000.0, "rope_scaling": {"type": "yarn", "factor": 4})"),
           "y.json"),
-      Catch::Matchers::Contains("unsupported type 'yarn'"));
+      Catch::Contains("unsupported type 'yarn'"));
   // dynamic NTK scaling is the plain RoPE within the context the engine runs.
   const auto dynamic = ModelConfig::from_json_string(
       replaced(kMistral, R"("rope_theta": 10000.0)",

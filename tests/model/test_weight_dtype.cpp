@@ -88,7 +88,7 @@ TEST_CASE("reduced-precision weights are refused where they cannot run", "[llama
   o.dtype = torch::kBFloat16;
   o.weights = torch::kFloat16;
   CHECK_THROWS_WITH(LlamaModel::from_tensors(c, w, o, "m"),
-                    Catch::Matchers::Contains("weights in f16 with bf16 compute"));
+                    Catch::Contains("weights in f16 with bf16 compute"));
 }
 
 TEST_CASE("stories260K with bf16 weights keeps the reference's greedy output",
