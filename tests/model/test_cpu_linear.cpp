@@ -125,9 +125,9 @@ TEST_CASE("bf16 and f16 weights with f32 x equal torch::linear on the converted 
     for (auto dtype : {torch::kBFloat16, torch::kFloat16}) {
       for (int threads : {1, 2}) {
         set_kernel_threads(threads);
-        // The few-row blocks (1-12), the lanes (13-64), past kCpuLinearMaxRows the long path.
-        for (int64_t m : {1,  2,  3,  4,  5,  6,  7,  8,  9,  11,  12,  13, 16,
-                          17, 31, 33, 40, 63, 64, 65, 70, 96, 128, 129, 200}) {
+        // The few-row blocks (1-12), the lanes (13 on), past kCpuLinearMaxRows the long path.
+        for (int64_t m : {1,  2,  3,  4,  5,  6,  7,  8,  9,   11,  12,  13,  16,  17,
+                          31, 33, 40, 63, 64, 65, 70, 96, 128, 129, 200, 256, 257, 300}) {
           for (int64_t k : {1, 7, 9, 17, 100, 257}) {
             for (int64_t n : {1, 5, 13, 191, 400}) {
               auto x = torch::randn({m, k});

@@ -21,12 +21,16 @@ enum class CpuLinearKernel {
   kAvx512,  // AVX-512F
 };
 
-// Up to this many rows of x (tokens times batch) take the kernel; more go to the GEMM, which
-// catches up around 128 rows on the development machine. On the 2-core AVX2 host (one thread,
-// f32, weights streamed from memory) the kernel stays ahead of the GEMM to 256 rows for 768
-// inputs and falls behind from ~48 rows for 2048 inputs (1.1x at 64): the switch at 64 costs
-// at most ~10%, no cliff.
-constexpr int64_t kCpuLinearMaxRows = 64;
+// Up to this many rows of x (tokens times batch) take the kernel; more go to the GEMM. On the
+// 2-core AVX2 host (one thread, f32, weights streamed from memory) the kernel stays ahead of the
+// GEMM to 256 rows for 768 inputs and falls behind by 1.1-1.2x from ~48 rows for 2048 inputs.
+// The limit was 64, and that made a cliff: past 64 tokens a prefill alternated OpenBLAS's
+// pthreads (linears) with the OpenMP threads of the fused attention, whose spinning took both
+// cores from OpenBLAS; bench-small prefill fell from 442 tok/s at 64 tokens to 296-328 at
+// 96-128 (medians worse). At 256 every size runs at 421-458 tok/s (128 tokens: 289 ms against
+// 390), decode unchanged (bench_prefill, docs/benchmarks.md). OMP_WAIT_POLICY=passive removed
+// the cliff as well but cost decoding a third of its speed.
+constexpr int64_t kCpuLinearMaxRows = 256;
 
 // x [..., in] times weight [out, in] transposed: [..., out], as torch::linear(x, weight).
 // An f32 x also takes a bf16 or f16 weight (kept so: half the bytes to stream) and gives f32:
