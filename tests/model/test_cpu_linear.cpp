@@ -181,7 +181,7 @@ TEST_CASE("bf16 and f16 weights with f32 x equal torch::linear on the converted 
     REQUIRE(max_rel_error(got.to(torch::kFloat64),
                           torch::linear(xl.to(torch::kFloat64), big.to(torch::kFloat64))) < 1e-5);
   }
-  REQUIRE(checked == static_cast<int>(kernels.size()) * 2 * 2 * 25 * 6 * 5);
+  REQUIRE(checked == static_cast<int>(kernels.size()) * 2 * 2 * 28 * 6 * 5);
 }
 
 TEST_CASE("bf16 weights that want gradients go to autograd through the f32 weights",
