@@ -29,6 +29,7 @@
 #include "promptcache/builtin_data.hpp"
 #include "promptcache/error.hpp"
 #include "promptcache/model/tokenizer.hpp"
+#include "unicode_text.hpp"  // src/core (private): the UTF-8 encoder
 
 using promptcache::TokenId;
 
@@ -55,34 +56,19 @@ class Rng {
   uint64_t state_;
 };
 
-void utf8(std::string& out, char32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
+// The library's own encoder (src/core/unicode_text.hpp).
+using promptcache::unicode::append_utf8;
 
 std::string cps(std::initializer_list<char32_t> list) {
   std::string s;
-  for (char32_t c : list) utf8(s, c);
+  for (char32_t c : list) append_utf8(s, c);
   return s;
 }
 
 std::string random_from_block(Rng& rng, char32_t lo, char32_t hi, int min_len, int max_len) {
   std::string s;
   const int n = static_cast<int>(rng.range(min_len, max_len));
-  for (int i = 0; i < n; ++i) utf8(s, static_cast<char32_t>(rng.range(lo, hi)));
+  for (int i = 0; i < n; ++i) append_utf8(s, static_cast<char32_t>(rng.range(lo, hi)));
   return s;
 }
 
@@ -326,10 +312,11 @@ std::string accents(Rng& rng) {
       case 1: {  // base letters with combining marks (NFD and stacked)
         const int letters = static_cast<int>(rng.range(1, 6));
         for (int k = 0; k < letters; ++k) {
-          utf8(s,
-               static_cast<char32_t>(rng.chance(50) ? rng.range('a', 'z') : rng.range('A', 'Z')));
+          append_utf8(
+              s, static_cast<char32_t>(rng.chance(50) ? rng.range('a', 'z') : rng.range('A', 'Z')));
           const int marks = static_cast<int>(rng.range(0, rng.chance(10) ? 4 : 1));
-          for (int m = 0; m < marks; ++m) utf8(s, static_cast<char32_t>(rng.range(0x300, 0x36F)));
+          for (int m = 0; m < marks; ++m)
+            append_utf8(s, static_cast<char32_t>(rng.range(0x300, 0x36F)));
         }
         break;
       }
