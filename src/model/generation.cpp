@@ -67,8 +67,7 @@ TokenStream::TokenStream(const LlamaModel& model, const Tokenizer& tokenizer,
   params_.validate();
   if (params_.stop_at_eos) {
     for (int64_t id : model.config().eos_token_ids) stops_.push_back(static_cast<TokenId>(id));
-    // And the tokenizer's end-of-turn ids (<|im_end|>, <|eot_id|>, generation_config.json's).
-    if (tokenizer.eos_id() >= 0) stops_.push_back(tokenizer.eos_id());
+    // And the tokenizer's end-of-turn ids (its EOS, <|im_end|>, <|eot_id|>, generation_config's).
     for (TokenId id : tokenizer.end_of_turn_ids()) stops_.push_back(id);
   }
   stops_eos_ = stops_.size();

@@ -255,16 +255,11 @@ void make_synthetic_model(const std::string& dir, const std::string& shape, std:
   const auto tokenizer = load_tokenizer(dir);
   config.vocab_size =
       std::max<int64_t>(config.vocab_size, static_cast<int64_t>(tokenizer->vocab_size()));
-  const TokenId eos = tokenizer->eos_id();
-  config.bos_token_id = tokenizer->bos_id() >= 0 ? tokenizer->bos_id() : std::max(eos, 0);
-  config.eos_token_ids.clear();
-  if (eos >= 0) config.eos_token_ids.push_back(eos);
-  for (TokenId id : tokenizer->end_of_turn_ids()) {
-    if (std::find(config.eos_token_ids.begin(), config.eos_token_ids.end(), id) ==
-        config.eos_token_ids.end()) {
-      config.eos_token_ids.push_back(id);
-    }
-  }
+  config.bos_token_id =
+      tokenizer->bos_id() >= 0 ? tokenizer->bos_id() : std::max(tokenizer->eos_id(), 0);
+  // The tokenizer's EOS first, then its other end-of-turn ids, each once.
+  const auto turn_ends = tokenizer->end_of_turn_ids();
+  config.eos_token_ids.assign(turn_ends.begin(), turn_ends.end());
   // Small models get larger weights so their attention is peaked and bugs show in the logits.
   const double init_std = shape == "bench-small" || shape == "tinyllama-1.1b" ? 0.02 : 0.1;
   write_model_folder(dir, config, random_llama_weights(config, seed, init_std, dtype));

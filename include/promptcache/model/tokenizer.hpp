@@ -47,7 +47,9 @@ class Tokenizer {
   // Ids that end a turn, eos_id() first when there is one (e.g. <|im_end|>, <|eot_id|>,
   // <|endoftext|>), from tokenizer_config.json, generation_config.json (eos_token_id) and the
   // special tokens; generation stops at any of them.
-  virtual std::vector<TokenId> end_of_turn_ids() const { return {}; }
+  virtual std::vector<TokenId> end_of_turn_ids() const {
+    return eos_id() >= 0 ? std::vector<TokenId>{eos_id()} : std::vector<TokenId>{};
+  }
   // "sentencepiece" or "bpe", for messages and --json output.
   virtual std::string kind() const { return "sentencepiece"; }
 };
