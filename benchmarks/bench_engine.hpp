@@ -17,21 +17,25 @@ namespace promptcache::bench {
 
 // An engine over a synthetic model of `shape` (deterministic random weights) on `device` in
 // `dtype`, with the built-in tokenizer and the plain chat template.
+// `weights` is the weights' dtype (f32, bf16, f16, q8; empty: `dtype`).
 inline std::unique_ptr<Engine> synthetic_engine(const std::string& program,
                                                 const std::string& shape, const std::string& device,
-                                                const std::string& dtype) {
+                                                const std::string& dtype,
+                                                const std::string& weights = "") {
   const ModelConfig config = synthetic_config(shape);
   std::cerr << program << ": making " << shape << " model and tokenizer...\n";
   EngineOptions options;
   options.chat_template = "plain";
   options.load.device = parse_device(device);
   options.load.dtype = parse_dtype(dtype);
+  if (!weights.empty()) options.load.weights = parse_weight_dtype(weights);
   return std::make_unique<Engine>(
       LlamaModel::from_tensors(config, random_llama_weights(config, 1, 0.02), options.load),
       bench_tokenizer(), options);
 }
 
-// What a result line records about the run: attention, LibTorch version, device, dtype, threads.
+// What a result line records about the run: attention, LibTorch version, device, dtype, the
+// weights' dtype and resident bytes, threads.
 inline nlohmann::json run_facts(const Engine& engine, const std::string& device,
                                 const std::string& dtype, const ThreadSettings& threads) {
   return {{"attention", engine.model().attention_name()},
@@ -40,6 +44,8 @@ inline nlohmann::json run_facts(const Engine& engine, const std::string& device,
                                 std::to_string(TORCH_VERSION_PATCH)},
           {"device", device},
           {"dtype", dtype},
+          {"weights", dtype_name(engine.model().weight_dtype())},
+          {"weight_bytes", engine.model().weight_bytes()},
           {"threads", threads.blas_threads},
           {"torch_threads", threads.torch_threads}};
 }

@@ -1,15 +1,16 @@
 // bench_prefill — prefill and decode speed of the Llama forward on the synthetic bench-small model,
 // compared with a plain torch::matmul of comparable size measured in the same run.
 //
-//   build-bench/benchmarks/bench_prefill [--tokens 128,512,1024,2048] [--threads N]
-//       [--torch-threads N] [--repeats R] [--decode-steps D] [--breakdown]
+//   build-bench/benchmarks/bench_prefill [--tokens 16,32,...,2048] [--weights f32,bf16,f16,q8]
+//       [--shape bench-small|tinyllama-1.1b] [--threads N] [--torch-threads N] [--repeats R]
+//       [--decode-steps D] [--breakdown]
 //
-// One JSON line per token count. Times are the BEST of R repeats (the machine is shared with
-// builds, so the minimum is the least disturbed measurement); the median prefill time is printed
-// too. --breakdown also times the parts of one decoder layer (re-implemented here with the same
-// LibTorch calls as src/model/llama.cpp) to show where the prefill time goes; its layer_sum_ms
-// adds up the parts of the full-square attention, attention_core_blocked256_ms is what the
-// blocked 1.x path costs instead.
+// One JSON line per weights dtype and token count, with the weights' resident bytes. Times are the
+// BEST of R repeats (the machine is shared with builds, so the minimum is the least disturbed
+// measurement); the median prefill time is printed too. --breakdown also times the parts of one
+// decoder layer (re-implemented here with the same LibTorch calls as src/model/llama.cpp) to show
+// where the prefill time goes; its layer_sum_ms adds up the parts of the full-square attention,
+// attention_core_blocked256_ms is what the blocked 1.x path costs instead.
 #include <ATen/ATen.h>
 #include <torch/types.h>
 
@@ -38,7 +39,11 @@ using ordered_json = nlohmann::ordered_json;
 namespace {
 
 struct Args {
-  std::vector<int64_t> tokens{128, 512, 1024, 2048};
+  // The few-row kernels' range (to kCpuLinearMaxRows = 256) in steps, so a cliff shows, then
+  // the long inputs.
+  std::vector<int64_t> tokens{16, 32, 64, 96, 128, 192, 256, 512, 1024, 2048};
+  std::vector<std::string> weights{"f32"};
+  std::string shape = "bench-small";
   int threads = 0;
   int torch_threads = 0;
   int repeats = 3;
@@ -48,7 +53,8 @@ struct Args {
 
 [[noreturn]] void usage(const std::string& problem) {
   std::cerr << "bench_prefill: " << problem
-            << "\nusage: bench_prefill [--tokens 128,512,1024,2048] [--threads N] "
+            << "\nusage: bench_prefill [--tokens 16,32,64,96,128,192,256,512,1024,2048] "
+               "[--weights f32,bf16,f16,q8] [--shape bench-small|tinyllama-1.1b] [--threads N] "
                "[--torch-threads N] [--repeats R] [--decode-steps D] [--breakdown]\n";
   std::exit(2);
 }
@@ -78,6 +84,21 @@ Args parse_args(int argc, char** argv) {
       std::string item;
       while (std::getline(ss, item, ',')) a.tokens.push_back(parse_int(flag, item, 1));
       if (a.tokens.empty()) usage("--tokens needs at least one count");
+    } else if (flag == "--weights") {
+      a.weights.clear();
+      std::stringstream ss(value);
+      std::string item;
+      while (std::getline(ss, item, ',')) {
+        try {
+          pc::parse_weight_dtype(item);
+        } catch (const std::exception& e) {
+          usage(std::string("--weights: ") + e.what());
+        }
+        a.weights.push_back(item);
+      }
+      if (a.weights.empty()) usage("--weights needs at least one dtype");
+    } else if (flag == "--shape") {
+      a.shape = value;
     } else if (flag == "--threads") {
       a.threads = static_cast<int>(parse_int(flag, value, 0));
     } else if (flag == "--torch-threads") {
@@ -250,61 +271,71 @@ int main(int argc, char** argv) {
   torch::NoGradGuard no_grad;
   const pc::ThreadSettings applied = pc::configure_threads(args.threads, args.torch_threads);
 
-  const pc::ModelConfig config = pc::synthetic_config("bench-small");
+  const pc::ModelConfig config = pc::synthetic_config(args.shape);
   const auto weights = pc::random_llama_weights(config, /*seed=*/1, 0.02);
-  const auto model = pc::LlamaModel::from_tensors(config, weights, pc::LoadOptions{});
+  for (const std::string& weights_dtype : args.weights) {
+    pc::LoadOptions load;
+    load.weights = pc::parse_weight_dtype(weights_dtype);
+    std::cerr << "bench_prefill: " << args.shape << " with " << weights_dtype << " weights\n";
+    const auto model = pc::LlamaModel::from_tensors(config, weights, load);
 
-  torch::manual_seed(0);
-  const int64_t max_n = *std::max_element(args.tokens.begin(), args.tokens.end());
-  const auto all_ids =
-      torch::randint(0, config.vocab_size, {1, max_n + args.decode_steps}, torch::kInt64);
-  const auto all_pos = torch::arange(max_n + args.decode_steps, torch::kInt64).unsqueeze(0);
+    torch::manual_seed(0);
+    const int64_t max_n = *std::max_element(args.tokens.begin(), args.tokens.end());
+    const auto all_ids =
+        torch::randint(0, config.vocab_size, {1, max_n + args.decode_steps}, torch::kInt64);
+    const auto all_pos = torch::arange(max_n + args.decode_steps, torch::kInt64).unsqueeze(0);
 
-  // Warm-up: one small prefill + decode step (thread pools, allocator, BLAS buffers).
-  {
-    auto cache = model->make_cache(128 + 1);
-    model->forward(all_ids.narrow(1, 0, std::min<int64_t>(128, max_n)),
-                   all_pos.narrow(1, 0, std::min<int64_t>(128, max_n)), cache);
-    gemm_gflops(128, config.hidden_size, config.intermediate_size);
-  }
-
-  for (const int64_t n : args.tokens) {
-    const double gemm = gemm_gflops(n, config.hidden_size, config.intermediate_size);
-    auto cache = model->make_cache(n + args.decode_steps);
-    std::vector<double> prefill_ms, decode_ms;
-    for (int r = 0; r < args.repeats; ++r) {
-      cache.clear();
-      const double t0 = pc::now_ms();
-      auto logits = model->forward(all_ids.narrow(1, 0, n), all_pos.narrow(1, 0, n), cache);
-      prefill_ms.push_back(pc::now_ms() - t0);
-      if (args.decode_steps > 0) {
-        const double t1 = pc::now_ms();
-        for (int s = 0; s < args.decode_steps; ++s) {
-          logits = model->forward(all_ids.narrow(1, n + s, 1), all_pos.narrow(1, n + s, 1), cache);
-        }
-        decode_ms.push_back(pc::now_ms() - t1);
-      }
+    // Warm-up: one small prefill + decode step (thread pools, allocator, BLAS buffers).
+    {
+      auto cache = model->make_cache(128 + 1);
+      model->forward(all_ids.narrow(1, 0, std::min<int64_t>(128, max_n)),
+                     all_pos.narrow(1, 0, std::min<int64_t>(128, max_n)), cache);
+      gemm_gflops(128, config.hidden_size, config.intermediate_size);
     }
-    const double ms = pc::bench::best_time(prefill_ms);
-    const double gflops = model->prefill_flops(n) / (ms * 1e-3) / 1e9;
-    ordered_json j;
-    j["bench"] = "prefill";
-    j["tokens"] = n;
-    j["prefill_ms"] = ms;
-    j["prefill_tokens_per_s"] = n / (ms * 1e-3);
-    j["prefill_gflops"] = gflops;
-    j["gemm_gflops"] = gemm;
-    j["ratio_to_gemm"] = gflops / gemm;
-    j["decode_tokens_per_s"] =
-        args.decode_steps > 0 ? args.decode_steps / (pc::bench::best_time(decode_ms) * 1e-3) : 0.0;
-    j["threads"] = applied.openblas ? applied.blas_threads : applied.torch_threads;
-    j["torch_threads"] = applied.torch_threads;
-    j["openblas"] = applied.openblas;
-    j["statistic"] = "best_of_" + std::to_string(args.repeats);
-    j["prefill_ms_median"] = pc::bench::median_time(prefill_ms);
-    std::cout << j.dump() << std::endl;
-    if (args.breakdown)
-      std::cout << layer_breakdown(config, weights, n, args.repeats).dump() << std::endl;
+
+    for (const int64_t n : args.tokens) {
+      const double gemm = gemm_gflops(n, config.hidden_size, config.intermediate_size);
+      auto cache = model->make_cache(n + args.decode_steps);
+      std::vector<double> prefill_ms, decode_ms;
+      for (int r = 0; r < args.repeats; ++r) {
+        cache.clear();
+        const double t0 = pc::now_ms();
+        auto logits = model->forward(all_ids.narrow(1, 0, n), all_pos.narrow(1, 0, n), cache);
+        prefill_ms.push_back(pc::now_ms() - t0);
+        if (args.decode_steps > 0) {
+          const double t1 = pc::now_ms();
+          for (int s = 0; s < args.decode_steps; ++s) {
+            logits =
+                model->forward(all_ids.narrow(1, n + s, 1), all_pos.narrow(1, n + s, 1), cache);
+          }
+          decode_ms.push_back(pc::now_ms() - t1);
+        }
+      }
+      const double ms = pc::bench::best_time(prefill_ms);
+      const double gflops = model->prefill_flops(n) / (ms * 1e-3) / 1e9;
+      ordered_json j;
+      j["bench"] = "prefill";
+      j["shape"] = args.shape;
+      j["weights"] = weights_dtype;
+      j["weight_bytes"] = model->weight_bytes();
+      j["tokens"] = n;
+      j["prefill_ms"] = ms;
+      j["prefill_tokens_per_s"] = n / (ms * 1e-3);
+      j["prefill_gflops"] = gflops;
+      j["gemm_gflops"] = gemm;
+      j["ratio_to_gemm"] = gflops / gemm;
+      j["decode_tokens_per_s"] = args.decode_steps > 0
+                                     ? args.decode_steps / (pc::bench::best_time(decode_ms) * 1e-3)
+                                     : 0.0;
+      j["threads"] = applied.openblas ? applied.blas_threads : applied.torch_threads;
+      j["torch_threads"] = applied.torch_threads;
+      j["openblas"] = applied.openblas;
+      j["statistic"] = "best_of_" + std::to_string(args.repeats);
+      j["prefill_ms_median"] = pc::bench::median_time(prefill_ms);
+      std::cout << j.dump() << std::endl;
+      if (args.breakdown)
+        std::cout << layer_breakdown(config, weights, n, args.repeats).dump() << std::endl;
+    }
   }
   return 0;
 }

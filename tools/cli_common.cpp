@@ -67,8 +67,9 @@ void add_model_options(CLI::App& app, ModelOptions& o, bool model_required) {
                  "compute dtype (activations, KV cache, module states): f32, f16 or bf16")
       ->capture_default_str();
   app.add_option("--weights", o.weights,
-                 "dtype the weights are kept in: f32, bf16 or f16 (default: --dtype; bf16/f16 "
-                 "with f32 compute on the CPU halves the weights' memory)");
+                 "dtype the weights are kept in: f32, bf16, f16 or q8 (default: --dtype). With "
+                 "f32 compute on the CPU, bf16/f16 halve the weights' memory and q8 (8-bit "
+                 "blocks of 32 with an f16 scale, quantized at load) takes about a quarter");
   app.add_option("--threads", o.threads, "CPU threads (0 = all cores)")
       ->capture_default_str()
       ->check(whole_number(0, std::numeric_limits<int>::max()));

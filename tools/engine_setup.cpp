@@ -21,7 +21,7 @@ LoadOptions load_options(const ModelOptions& model) {
   LoadOptions load;
   load.device = parse_device(model.device);
   load.dtype = parse_dtype(model.dtype);
-  if (!model.weights.empty()) load.weights = parse_dtype(model.weights);
+  if (!model.weights.empty()) load.weights = parse_weight_dtype(model.weights);
   return load;
 }
 

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "kernels/kernels.hpp"
+#include "promptcache/error.hpp"
+#include "promptcache/model/q8_weights.hpp"
 #include "promptcache/model/threads.hpp"
 
 namespace promptcache {
@@ -24,7 +26,8 @@ bool cpu_has(CpuLinearKernel kernel) {
       return kernels::linear_rows_avx2 != nullptr && __builtin_cpu_supports("avx2") &&
              __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     case CpuLinearKernel::kAvx512:
-      return kernels::linear_rows_avx512 != nullptr && __builtin_cpu_supports("avx512f");
+      return kernels::linear_rows_avx512 != nullptr && __builtin_cpu_supports("avx512f") &&
+             __builtin_cpu_supports("f16c");
   }
   return false;
 #else
@@ -47,21 +50,22 @@ std::atomic<CpuLinearKernel>& selected() {
   return kernel;
 }
 
-// The kernel for weights of element type W (float, kernels::Bf16, kernels::F16).
+// The kernel for weights of element type W (float, kernels::Bf16, kernels::F16, kernels::Q8).
 template <class W>
 kernels::LinearRowsOf<W> rows_fn(CpuLinearKernel kernel) {
-  auto pick = [](auto f32, auto bf16, auto f16) -> kernels::LinearRowsOf<W> {
+  auto pick = [](auto f32, auto bf16, auto f16, auto q8) -> kernels::LinearRowsOf<W> {
     if constexpr (std::is_same_v<W, float>) return f32;
     if constexpr (std::is_same_v<W, kernels::Bf16>) return bf16;
     if constexpr (std::is_same_v<W, kernels::F16>) return f16;
+    if constexpr (std::is_same_v<W, kernels::Q8>) return q8;
   };
   switch (kernel) {
     case CpuLinearKernel::kAvx512:
       return pick(kernels::linear_rows_avx512, kernels::linear_rows_bf16_avx512,
-                  kernels::linear_rows_f16_avx512);
+                  kernels::linear_rows_f16_avx512, kernels::linear_rows_q8_avx512);
     case CpuLinearKernel::kAvx2:
       return pick(kernels::linear_rows_avx2, kernels::linear_rows_bf16_avx2,
-                  kernels::linear_rows_f16_avx2);
+                  kernels::linear_rows_f16_avx2, kernels::linear_rows_q8_avx2);
     case CpuLinearKernel::kNone:
       break;
   }
@@ -178,6 +182,59 @@ kernels::WidenOf<W> widen_fn(CpuLinearKernel kernel) {
   }
 }
 
+// More than kCpuLinearMaxRows rows with Q8 weights: as long_half_linear, the rows dequantized
+// into the calling thread's f32 scratch (kLongBlockFloats at a time) for LibTorch's GEMM.
+torch::Tensor long_q8_linear(kernels::WidenQ8Fn widen, const torch::Tensor& x,
+                             const torch::Tensor& weight, int64_t k) {
+  const int64_t n = weight.size(0);
+  thread_local torch::Tensor scratch;
+  const int64_t block = std::min(n, std::max<int64_t>(16, kLongBlockFloats / k / 16 * 16));
+  if (!scratch.defined() || scratch.numel() < block * k) {
+    scratch = torch::empty({block * k}, x.options());
+  }
+  const auto x2 = x.reshape({-1, k});
+  auto out = torch::empty({x2.size(0), n}, x.options());
+  const auto* q = reinterpret_cast<const kernels::Q8*>(weight.data_ptr<int8_t>());
+  for (int64_t r0 = 0; r0 < n; r0 += block) {
+    const int64_t nb = std::min(block, n - r0);
+    auto w = scratch.narrow(0, 0, nb * k).view({nb, k});
+    widen(q + r0 * weight.size(1), nb, k, w.data_ptr<float>());
+    auto part = out.narrow(1, r0, nb);
+    at::mm_out(part, x2, w.t());
+  }
+  auto sizes = x.sizes().vec();
+  sizes.back() = n;
+  return out.view(sizes);
+}
+
+// f32 x times Q8 weights: the kernel up to kCpuLinearMaxRows rows, then long_q8_linear;
+// torch::linear on the dequantized weights when the kernels are off (the reference).
+torch::Tensor q8_linear(const torch::Tensor& x, const torch::Tensor& weight) {
+  const int64_t k = x.size(-1);
+  if (weight.size(1) != q8_row_bytes(k)) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "q8 weight rows of " + std::to_string(weight.size(1)) + " bytes do not hold " +
+                    std::to_string(k) + " inputs (" + std::to_string(q8_row_bytes(k)) + " bytes)");
+  }
+  const CpuLinearKernel kernel = cpu_linear_kernel();
+  const auto fn = rows_fn<kernels::Q8>(kernel);
+  const int64_t n = weight.size(0);
+  const int64_t m = k == 0 ? 0 : x.numel() / k;
+  const bool takes = fn != nullptr && x.device().is_cpu() && weight.device().is_cpu() &&
+                     weight.is_contiguous() && x.scalar_type() == torch::kFloat32 &&
+                     !(at::GradMode::is_enabled() && x.requires_grad());
+  if (!takes || m == 0 || k == 0 || n == 0) {
+    return torch::linear(x.to(torch::kFloat32), dequantize_q8(weight, k).to(x.device()));
+  }
+  if (m > kCpuLinearMaxRows) {
+    return long_q8_linear(
+        kernel == CpuLinearKernel::kAvx512 ? kernels::widen_q8_avx512 : kernels::widen_q8_avx2, x,
+        weight, k);
+  }
+  return run_rows<kernels::Q8>(fn, x, m, k,
+                               reinterpret_cast<const kernels::Q8*>(weight.data_ptr<int8_t>()), n);
+}
+
 // The kernels' preconditions on x and weight besides the dtypes.
 bool kernel_takes(const torch::Tensor& x, const torch::Tensor& weight) {
   return x.device().is_cpu() && weight.device().is_cpu() && weight.dim() == 2 && x.dim() >= 1 &&
@@ -227,6 +284,7 @@ std::string cpu_linear_name(CpuLinearKernel kernel) {
 }
 
 torch::Tensor linear_layer(const torch::Tensor& x, const torch::Tensor& weight) {
+  if (is_q8(weight)) return q8_linear(x, weight);
   if (x.scalar_type() == torch::kFloat32) {
     if (weight.scalar_type() == torch::kBFloat16) return half_linear<kernels::Bf16>(x, weight);
     if (weight.scalar_type() == torch::kFloat16) return half_linear<kernels::F16>(x, weight);

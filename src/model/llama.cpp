@@ -15,6 +15,7 @@
 #include "promptcache/model/cpu_attention.hpp"
 #include "promptcache/model/cpu_linear.hpp"
 #include "promptcache/model/cpu_ops.hpp"
+#include "promptcache/model/q8_weights.hpp"
 #include "promptcache/model/safetensors.hpp"
 #include "promptcache/model/threads.hpp"
 
@@ -144,8 +145,20 @@ torch::Dtype parse_dtype(const std::string& text) {
   throw Error(ErrorKind::kInvalidArgument, "unknown dtype '" + text + "' (use f32, f16 or bf16)");
 }
 
+torch::Dtype parse_weight_dtype(const std::string& text) {
+  if (text == "q8" || text == "int8") return torch::kInt8;
+  try {
+    return parse_dtype(text);
+  } catch (const Error&) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "unknown weights dtype '" + text + "' (use f32, bf16, f16 or q8)");
+  }
+}
+
 std::string dtype_name(torch::Dtype dtype) {
   switch (dtype) {
+    case torch::kInt8:
+      return "q8";
     case torch::kFloat32:
       return "f32";
     case torch::kFloat16:
@@ -192,12 +205,14 @@ std::unique_ptr<LlamaModel> LlamaModel::from_tensors(const ModelConfig& config,
   }
 #endif
   const torch::Dtype weight_dtype = options.weights.value_or(options.dtype);
+  const bool q8 = weight_dtype == torch::kInt8;
   if (weight_dtype != options.dtype &&
       !(options.device.is_cpu() && options.dtype == torch::kFloat32 &&
-        (weight_dtype == torch::kBFloat16 || weight_dtype == torch::kFloat16))) {
+        (weight_dtype == torch::kBFloat16 || weight_dtype == torch::kFloat16 || q8))) {
     throw Error(ErrorKind::kInvalidArgument,
                 "weights in " + dtype_name(weight_dtype) + " with " + dtype_name(options.dtype) +
-                    " compute: only the CPU with f32 compute takes bf16 or f16 weights; "
+                    " compute on " + options.device.str() +
+                    ": only the CPU with f32 compute takes bf16, f16 or q8 weights; "
                     "elsewhere the weights' dtype must equal the compute dtype",
                 {origin});
   }
@@ -222,6 +237,7 @@ std::unique_ptr<LlamaModel> LlamaModel::from_tensors(const ModelConfig& config,
                       " but config.json implies " + shape_string(shape),
                   {origin, 0, 0, "tensor '" + name + "'"});
     }
+    if (shape.size() == 2 && q8) return quantize_q8(it->second);
     return it->second.to(shape.size() == 2 ? to_weights : to_model);
   };
   const int64_t h = config.hidden_size, d = config.head_dim, f = config.intermediate_size;
@@ -578,9 +594,9 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
     auto rows = torch::arange(n, torch::TensorOptions().device(options_.device)).unsqueeze(1);
     mask = cols.unsqueeze(0) <= rows + past;
   }
-  auto x = embed_.index_select(0, ids.reshape({-1}))
-               .view({b, n, config_.hidden_size})
-               .to(options_.dtype);
+  auto embedded = embed_.index_select(0, ids.reshape({-1}));
+  if (is_q8(embed_)) embedded = dequantize_q8(embedded, config_.hidden_size);
+  auto x = embedded.view({b, n, config_.hidden_size}).to(options_.dtype);
   LayerInputs in;
   // A few rows on the CPU take the fused elementwise steps (promptcache/model/cpu_ops.hpp).
   in.small_ops = !sdpa_ && cpu_small_ops_apply(x);

@@ -1,13 +1,16 @@
 // The small-row CPU linear kernels equal torch::linear for every shape they take (all tails of
 // the register blocks, one and several threads), and everything they do not take falls back.
-// bf16/f16 weights with f32 x equal the f32 product with the weights converted to f32.
+// bf16/f16 weights with f32 x equal the f32 product with the weights converted to f32, and Q8
+// weights the f32 product with the dequantized weights.
 #include <torch/types.h>
 #include "support/catch_torch.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "promptcache/model/cpu_linear.hpp"
+#include "promptcache/model/q8_weights.hpp"
 #include "promptcache/model/threads.hpp"
 #include "support/cpu_kernels.hpp"
 
@@ -197,4 +200,91 @@ TEST_CASE("bf16 weights that want gradients go to autograd through the f32 weigh
     y.sum().backward();
     REQUIRE(torch::allclose(xg.grad(), w.to(torch::kFloat32).sum(0).expand({2, 32})));
   }
+}
+
+TEST_CASE("q8 quantization keeps each weight within half a step of its block's scale",
+          "[cpu_linear][q8]") {
+  torch::manual_seed(5);
+  for (int64_t k : {1, 31, 32, 33, 64, 100, 768}) {
+    auto w = torch::randn({7, k}) * 0.05;
+    w[3].zero_();  // a row of zeros: scale 0, values 0
+    const auto q = quantize_q8(w);
+    INFO("k " << k);
+    REQUIRE(q.scalar_type() == torch::kInt8);
+    REQUIRE(q.sizes() == torch::IntArrayRef({7, q8_row_bytes(k)}));
+    REQUIRE(q8_in_features(q) == k);
+    const auto back = dequantize_q8(q, k);
+    REQUIRE(back.sizes() == w.sizes());
+    REQUIRE(torch::equal(back[3], torch::zeros({k})));
+    // |w - back| <= step / 2 per block, step = max|w| / 127, plus the f16 rounding of the step
+    // (relative 2^-11, or absolute 2^-25 for a step below f16's normal range: a short last
+    // block may hold one tiny weight) times up to 127 steps.
+    for (int64_t b0 = 0; b0 < k; b0 += kQ8BlockSize) {
+      const int64_t len = std::min<int64_t>(kQ8BlockSize, k - b0);
+      const auto block = w.narrow(1, b0, len);
+      const auto step = block.abs().amax(1, /*keepdim=*/true) / 127.0;
+      const auto err = (block - back.narrow(1, b0, len)).abs();
+      REQUIRE((err <= step * (0.5 + 127.0 / 2048) * (1 + 1e-6) + 127 * 3e-8).all().item<bool>());
+    }
+  }
+  REQUIRE(q8_in_features(torch::zeros({2, 35}, torch::kInt8)) == -1);  // no k gives 35 bytes
+  REQUIRE_THROWS(dequantize_q8(torch::zeros({2, 35}, torch::kInt8), 32));
+}
+
+TEST_CASE("q8 weights with f32 x equal torch::linear on the dequantized weights",
+          "[cpu_linear][kernels][q8]") {
+  KernelGuard guard;
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(12);
+  auto kernels = available_kernels();
+  kernels.insert(kernels.begin(), CpuLinearKernel::kNone);
+  int checked = 0;
+  for (auto kernel : kernels) {
+    REQUIRE(select_cpu_linear(kernel));
+    for (int threads : {1, 2}) {
+      set_kernel_threads(threads);
+      // Few-row blocks (1-12, one pass or converted first), lanes (13 on), the long path.
+      for (int64_t m : {1, 2, 3, 4, 5, 7, 12, 13, 17, 40, 65, 256, 257, 300}) {
+        // Whole blocks, a short last block, a row shorter than a vector.
+        for (int64_t k : {5, 32, 33, 100, 257}) {
+          for (int64_t n : {1, 5, 13, 191}) {
+            auto x = torch::randn({m, k});
+            auto q = quantize_q8(torch::randn({n, k}));
+            auto got = linear_layer(x, q);
+            // The dequantized weights are exact in f32, so the kernels' sums are f32 sums of
+            // exact products: 1e-5 relative to the largest output, as for the other dtypes.
+            auto want =
+                torch::linear(x.to(torch::kFloat64), dequantize_q8(q, k).to(torch::kFloat64));
+            INFO(cpu_linear_name(kernel)
+                 << " threads " << threads << " m " << m << " k " << k << " n " << n);
+            REQUIRE(got.sizes() == want.sizes());
+            REQUIRE(got.scalar_type() == torch::kFloat32);
+            REQUIRE(max_rel_error(got.to(torch::kFloat64), want) < 1e-5);
+            ++checked;
+          }
+        }
+      }
+    }
+    // A model-sized decode step and question, batch and token axes; a weight past 4M elements
+    // on the long path (dequantized in blocks of rows).
+    set_kernel_threads(2);
+    auto q = quantize_q8(torch::randn({2048, 768}));
+    for (int64_t tokens : {1, 16}) {
+      auto x = torch::randn({1, tokens, 768});
+      auto got = linear_layer(x, q);
+      REQUIRE(got.sizes() == torch::IntArrayRef({1, tokens, 2048}));
+      REQUIRE(max_rel_error(got.to(torch::kFloat64),
+                            torch::linear(x.to(torch::kFloat64),
+                                          dequantize_q8(q, 768).to(torch::kFloat64))) < 1e-5);
+    }
+    auto big = quantize_q8(torch::randn({4101, 1027}));
+    auto xl = torch::randn({kCpuLinearMaxRows + 1, 1027});
+    REQUIRE(max_rel_error(linear_layer(xl, big).to(torch::kFloat64),
+                          torch::linear(xl.to(torch::kFloat64),
+                                        dequantize_q8(big, 1027).to(torch::kFloat64))) < 1e-5);
+    // An x whose width does not match the rows is an error naming both.
+    REQUIRE_THROWS_WITH(linear_layer(torch::randn({2, 767}), q),
+                        Catch::Contains("do not hold 767 inputs"));
+  }
+  REQUIRE(checked == static_cast<int>(kernels.size()) * 2 * 14 * 5 * 4);
 }

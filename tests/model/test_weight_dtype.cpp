@@ -10,6 +10,7 @@
 #include "promptcache/error.hpp"
 #include "promptcache/generation.hpp"
 #include "promptcache/model/llama.hpp"
+#include "promptcache/model/q8_weights.hpp"
 #include "promptcache/model/safetensors.hpp"
 #include "promptcache/model/synthetic.hpp"
 #include "promptcache/model/tokenizer.hpp"
@@ -35,6 +36,32 @@ std::map<std::string, torch::Tensor> stored_as(const std::map<std::string, torch
   return out;
 }
 
+// Short (few-row kernels) and long (GEMM path) inputs, then decoding steps after them: the
+// model's logits within 1e-4 of the reference's.
+void check_same_forward(const LlamaModel& model, const LlamaModel& reference, int64_t vocab) {
+  for (int64_t n : {5, 16, 100}) {
+    std::mt19937 rng(static_cast<std::uint32_t>(n));
+    std::vector<int64_t> ids;
+    for (int64_t i = 0; i < n; ++i) ids.push_back(rng() % vocab);
+    ForwardOptions all;
+    all.all_logits = true;
+    KVCache a = model.make_cache(n + 4), b = reference.make_cache(n + 4);
+    const auto ids_t = torch::tensor(ids).unsqueeze(0);
+    const auto pos = torch::arange(n).unsqueeze(0);
+    const auto got = model.forward(ids_t, pos, a, all);
+    const auto expected = reference.forward(ids_t, pos, b, all);
+    INFO("n " << n);
+    CHECK((got - expected).abs().max().item<double>() <= 1e-4);
+    for (int64_t t = 0; t < 3; ++t) {
+      const auto step_ids = torch::tensor({ids[t]}).unsqueeze(0);
+      const auto step_pos = torch::tensor({n + t}).unsqueeze(0);
+      const auto x = model.forward(step_ids, step_pos, a);
+      const auto y = reference.forward(step_ids, step_pos, b);
+      CHECK((x - y).abs().max().item<double>() <= 1e-4);
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("bf16 and f16 weights with f32 compute equal f32 on the rounded weights",
@@ -54,30 +81,35 @@ TEST_CASE("bf16 and f16 weights with f32 compute equal f32 on the rounded weight
       CHECK(model->dtype() == torch::kFloat32);
       // Matrices take half the bytes; the f32 norms and biases are a sliver.
       CHECK(model->weight_bytes() < reference->weight_bytes() * 0.52);
-      // Short (few-row kernels) and long (GEMM path) inputs, and decoding steps after them.
-      for (int64_t n : {5, 16, 100}) {
-        std::mt19937 rng(static_cast<std::uint32_t>(n));
-        std::vector<int64_t> ids;
-        for (int64_t i = 0; i < n; ++i) ids.push_back(rng() % c.vocab_size);
-        ForwardOptions all;
-        all.all_logits = true;
-        KVCache a = model->make_cache(n + 4), b = reference->make_cache(n + 4);
-        const auto ids_t = torch::tensor(ids).unsqueeze(0);
-        const auto pos = torch::arange(n).unsqueeze(0);
-        const auto got = model->forward(ids_t, pos, a, all);
-        const auto expected = reference->forward(ids_t, pos, b, all);
-        INFO("n " << n);
-        CHECK((got - expected).abs().max().item<double>() <= 1e-4);
-        for (int64_t t = 0; t < 3; ++t) {
-          const auto step_ids = torch::tensor({ids[t]}).unsqueeze(0);
-          const auto step_pos = torch::tensor({n + t}).unsqueeze(0);
-          const auto x = model->forward(step_ids, step_pos, a);
-          const auto y = reference->forward(step_ids, step_pos, b);
-          CHECK((x - y).abs().max().item<double>() <= 1e-4);
-        }
-      }
+      check_same_forward(*model, *reference, c.vocab_size);
     }
   }
+}
+
+TEST_CASE("q8 weights with f32 compute equal f32 on the dequantized weights",
+          "[llama][weights][q8]") {
+  for (const std::string shape : {"tiny", "qwen2-tiny", "qwen3-tiny", "mistral-tiny"}) {
+    INFO(shape);
+    ModelConfig c = synthetic_config(shape);
+    c.vocab_size = 97;
+    const auto w = random_llama_weights(c, 23, 0.15);
+    // What the quantized model multiplies by: every matrix through q8 and back.
+    std::map<std::string, torch::Tensor> dequantized;
+    for (const auto& [name, t] : w) {
+      dequantized[name] = t.dim() == 2 ? dequantize_q8(quantize_q8(t), t.size(1)) : t;
+    }
+    LoadOptions q8;
+    q8.weights = parse_weight_dtype("q8");
+    const auto model = LlamaModel::from_tensors(c, w, q8);
+    const auto reference = LlamaModel::from_tensors(c, dequantized);
+    CHECK(model->weight_dtype() == torch::kInt8);
+    CHECK(dtype_name(model->weight_dtype()) == "q8");
+    // 1 + 2/32 bytes a weight against 4.
+    CHECK(model->weight_bytes() < reference->weight_bytes() * 0.28);
+    check_same_forward(*model, *reference, c.vocab_size);
+  }
+  CHECK_THROWS_WITH(parse_weight_dtype("q4"), Catch::Contains("use f32, bf16, f16 or q8"));
+  CHECK_THROWS_WITH(parse_dtype("q8"), Catch::Contains("unknown dtype 'q8'"));
 }
 
 TEST_CASE("reduced-precision weights are refused where they cannot run", "[llama][weights]") {
@@ -89,6 +121,9 @@ TEST_CASE("reduced-precision weights are refused where they cannot run", "[llama
   o.weights = torch::kFloat16;
   CHECK_THROWS_WITH(LlamaModel::from_tensors(c, w, o, "m"),
                     Catch::Contains("weights in f16 with bf16 compute"));
+  o.weights = torch::kInt8;
+  CHECK_THROWS_WITH(LlamaModel::from_tensors(c, w, o, "m"),
+                    Catch::Contains("weights in q8 with bf16 compute"));
 }
 
 TEST_CASE("stories260K with bf16 weights keeps the reference's greedy output",
@@ -130,4 +165,60 @@ TEST_CASE("stories260K with bf16 weights keeps the reference's greedy output",
   WARN("stories260K bf16 weights: " << same << " of " << expected.size()
                                     << " greedy tokens equal the f32 reference");
   CHECK(result.tokens == expected);
+}
+
+TEST_CASE("stories260K with q8 weights stays close to the f32 reference",
+          "[stories260k][weights][q8]") {
+  if (!test::have_stories260k()) {
+    WARN("SKIPPED: " << test::stories260k_dir() << " is absent; the real-model test needs it");
+    return;
+  }
+  const std::string dir = test::stories260k_dir();
+  std::ifstream in(dir + "/reference.json");
+  const auto ref = nlohmann::json::parse(in);
+  LoadOptions options;
+  options.weights = torch::kInt8;
+  const auto model = LlamaModel::load(dir, options);
+  const auto f32 = LlamaModel::load(dir);
+  // 8-bit weights take about a quarter of the f32 bytes.
+  CHECK(model->weight_bytes() < f32->weight_bytes() * 0.3);
+  const auto tok = load_sentencepiece_tokenizer(dir + "/tokenizer.model");
+  const auto prompt = tok->encode(ref["prompt"].get<std::string>(), /*add_bos=*/true);
+  const auto expected = ref["greedy_ids"].get<std::vector<TokenId>>();
+  // Teacher-forced along the reference's greedy ids: the q8 logits beside the f32 logits at
+  // every step, so one near-tie cannot hide how close the rest is.
+  std::vector<int64_t> ids(prompt.begin(), prompt.end());
+  ids.insert(ids.end(), expected.begin(), expected.end());
+  const int64_t n = static_cast<int64_t>(ids.size());
+  ForwardOptions all;
+  all.all_logits = true;
+  KVCache a = model->make_cache(n), b = f32->make_cache(n);
+  const auto ids_t = torch::tensor(ids).unsqueeze(0);
+  const auto pos = torch::arange(n).unsqueeze(0);
+  const auto got = model->forward(ids_t, pos, a, all)[0];
+  const auto want = f32->forward(ids_t, pos, b, all)[0];
+  const auto steps = static_cast<int64_t>(expected.size());
+  const auto got_steps = got.narrow(0, n - steps - 1, steps);
+  const auto want_steps = want.narrow(0, n - steps - 1, steps);
+  const int64_t agree = (got_steps.argmax(-1) == want_steps.argmax(-1)).sum().item<int64_t>();
+  const double max_diff = (got_steps - want_steps).abs().max().item<double>();
+  const double spread = want_steps.std().item<double>();
+  WARN("stories260K q8 weights: teacher-forced top-1 equals f32 at "
+       << agree << " of " << steps << " steps; max |logit diff| " << max_diff << " (logit std "
+       << spread << ")");
+  CHECK(agree >= steps - 2);
+  CHECK(max_diff < 0.1 * spread);
+  // Free-running greedy: report where it first leaves the reference.
+  SamplingParams params;
+  params.max_new_tokens = static_cast<int>(steps);
+  params.stop_at_eos = false;
+  const auto result = generate(*model, *tok, prompt, params);
+  std::size_t same = 0;
+  while (same < expected.size() && same < result.tokens.size() &&
+         result.tokens[same] == expected[same]) {
+    ++same;
+  }
+  WARN("stories260K q8 weights: " << same << " of " << expected.size()
+                                  << " free-running greedy tokens equal the f32 reference");
+  CHECK(same >= 8);
 }

@@ -37,7 +37,9 @@ constexpr int64_t kCpuLinearMaxRows = 256;
 // the f32 product with the weight converted to f32, which is exact. The kernels convert as they
 // read; more rows than kCpuLinearMaxRows convert the weight (in blocks of rows past 4M
 // elements) into a per-thread f32 scratch for LibTorch's GEMM; with the kernels off it is
-// torch::linear(x, weight.to(f32)).
+// torch::linear(x, weight.to(f32)). An int8 weight is Q8 (promptcache/model/q8_weights.hpp):
+// the kernels widen and scale its blocks as they read; the reference is torch::linear on
+// dequantize_q8(weight).
 torch::Tensor linear_layer(const torch::Tensor& x, const torch::Tensor& weight);
 
 // The kernel in use: the best the processor supports, unless PROMPTCACHE_CPU_KERNELS=off was

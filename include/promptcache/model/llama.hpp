@@ -37,7 +37,9 @@ struct LoadOptions {
   // biases follow `dtype`. Unset: `dtype`. On the CPU with f32 compute they may be bf16 or f16:
   // a checkpoint stored so is then mapped, not converted (half the memory), and the linear
   // layers read it through the reduced-precision kernels of cpu_linear.hpp. Elsewhere it must
-  // equal `dtype` (Error(kInvalidArgument) otherwise).
+  // equal `dtype` (Error(kInvalidArgument) otherwise). torch::kInt8 selects 8-bit weights
+  // (q8, promptcache/model/q8_weights.hpp), quantized from the checkpoint as it loads: CPU and
+  // f32 compute only, like bf16/f16 weights.
   std::optional<torch::Dtype> weights;
   // kSdpa on LibTorch 1.x, which lacks it, is an Error(kInvalidArgument) when the model is made.
   AttentionImpl attention = AttentionImpl::kAuto;
@@ -47,6 +49,9 @@ struct LoadOptions {
 // Error(kInvalidArgument) naming the value otherwise (or when CUDA is not available).
 torch::Device parse_device(const std::string& text);
 torch::Dtype parse_dtype(const std::string& text);
+// As parse_dtype, plus "q8" (torch::kInt8): what LoadOptions::weights takes.
+torch::Dtype parse_weight_dtype(const std::string& text);
+// "f32", "f16", "bf16", "q8" (int8 weights), else LibTorch's name.
 std::string dtype_name(torch::Dtype dtype);
 
 struct ForwardOptions {

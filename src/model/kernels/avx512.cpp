@@ -11,6 +11,7 @@
 namespace {
 using promptcache::kernels::Bf16;
 using promptcache::kernels::F16;
+using promptcache::kernels::Q8;
 
 struct Vec {
   using Reg = __m512;
@@ -32,8 +33,14 @@ struct Vec {
   static Reg load(const F16* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
+  // 16 int8 values (Q8 weights) -> f32, exact; scaled by the caller.
+  static Reg load(const Q8* p) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+  }
+  static float half_to_float(unsigned short bits) { return _cvtsh_ss(bits); }
   template <class W>
-  static Reg load_first(const W* p, int n) {  // 16-bit weights: the first n (< 16), the rest zero
+  static Reg load_first(const W* p, int n) {  // 16/8-bit weights: the first n (< 16), rest zero
     W buf[kWidth] = {};
     __builtin_memcpy(buf, p, n * sizeof(W));
     return load(buf);
@@ -69,6 +76,8 @@ const LinearRowsBf16Fn linear_rows_bf16_avx512 = &linear_rows_bf16;
 const LinearRowsF16Fn linear_rows_f16_avx512 = &linear_rows_f16;
 const WidenOf<Bf16> widen_bf16_avx512 = &widen_bf16;
 const WidenOf<F16> widen_f16_avx512 = &widen_f16;
+const LinearRowsQ8Fn linear_rows_q8_avx512 = &linear_rows_q8;
+const WidenQ8Fn widen_q8_avx512 = &widen_q8;
 const AttendRowsFn attend_rows_avx512 = &attend_rows;
 static_assert(Vec::kWidth == kAvx512Width);
 }  // namespace promptcache::kernels
@@ -79,6 +88,8 @@ const LinearRowsBf16Fn linear_rows_bf16_avx512 = nullptr;
 const LinearRowsF16Fn linear_rows_f16_avx512 = nullptr;
 const WidenOf<Bf16> widen_bf16_avx512 = nullptr;
 const WidenOf<F16> widen_f16_avx512 = nullptr;
+const LinearRowsQ8Fn linear_rows_q8_avx512 = nullptr;
+const WidenQ8Fn widen_q8_avx512 = nullptr;
 const AttendRowsFn attend_rows_avx512 = nullptr;
 }  // namespace promptcache::kernels
 #endif

@@ -25,13 +25,27 @@ struct Bf16 {
 struct F16 {
   unsigned short bits;
 };
+// One value of an 8-bit weight row (promptcache/model/q8_weights.hpp): a row of k weights is k
+// int8 values, then one f16 scale per block of kQ8Block values (the last block may be shorter),
+// q8_row_bytes(k) bytes in all; weight = value x its block's scale.
+struct Q8 {
+  signed char value;
+};
+constexpr long long kQ8Block = 32;
+constexpr long long q8_row_bytes(long long k) {
+  return k + 2 * ((k + kQ8Block - 1) / kQ8Block);
+}
 using LinearRowsFn = LinearRowsOf<float>;
 using LinearRowsBf16Fn = LinearRowsOf<Bf16>;
 using LinearRowsF16Fn = LinearRowsOf<F16>;
+// For Q8 weights, w is the first row and rows are q8_row_bytes(k) apart.
+using LinearRowsQ8Fn = LinearRowsOf<Q8>;
 // `count` bf16/f16 values converted to f32 (the long-input path converts a weight so, then runs
 // the f32 GEMM).
 template <class W>
 using WidenOf = void (*)(const W* src, long long count, float* dst);
+// `rows` Q8 rows of k weights each (q8_row_bytes(k) apart) into rows x k floats.
+using WidenQ8Fn = void (*)(const Q8* src, long long rows, long long k, float* dst);
 constexpr long long kLinearLaneMinRows = 13;
 // x transposed, its tokens padded to a multiple of 16 (the widest vector); then, for bf16/f16
 // weights, a block of up to kLinearLaneMaxBlockRows weight rows converted to f32.
@@ -96,6 +110,10 @@ extern const WidenOf<Bf16> widen_bf16_avx512;
 extern const WidenOf<Bf16> widen_bf16_avx2;
 extern const WidenOf<F16> widen_f16_avx512;
 extern const WidenOf<F16> widen_f16_avx2;
+extern const LinearRowsQ8Fn linear_rows_q8_avx512;
+extern const LinearRowsQ8Fn linear_rows_q8_avx2;
+extern const WidenQ8Fn widen_q8_avx512;
+extern const WidenQ8Fn widen_q8_avx2;
 extern const AttendRowsFn attend_rows_avx512;
 extern const AttendRowsFn attend_rows_avx2;
 constexpr long long kAvx512Width = 16, kAvx2Width = 8;

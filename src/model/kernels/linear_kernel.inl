@@ -37,6 +37,113 @@ inline const void* prefetch_address(const W* p, Index elements) {
                                        static_cast<__UINTPTR_TYPE__>(elements) * sizeof(W));
 }
 
+// ---- 8-bit weights (kernels::Q8) ----
+// A Q8 row is k int8 values then one f16 scale per block of kQ8Block values (q8_row_bytes(k)
+// bytes), so rows are not k elements apart as for the other weight types: row_at() finds them.
+template <class W>
+constexpr bool kIsQ8 = false;
+template <>
+constexpr bool kIsQ8<Q8> = true;
+using promptcache::kernels::kQ8Block;
+using promptcache::kernels::q8_row_bytes;
+
+template <class W>
+inline const W* row_at(const W* w, Index row, Index k) {
+  if constexpr (kIsQ8<W>) {
+    return w + row * q8_row_bytes(k);
+  } else {
+    return w + row * k;
+  }
+}
+
+// The scale of block `block` of the Q8 row at `row` (k weights).
+inline float q8_scale(const Q8* row, Index k, Index block) {
+  unsigned short bits;
+  __builtin_memcpy(&bits, row + k + 2 * block, sizeof(bits));
+  return Vec::half_to_float(bits);
+}
+
+// One Q8 row of k weights into k floats.
+inline void dequantize_q8_row(const Q8* row, Index k, float* dst) {
+  for (Index b0 = 0; b0 < k; b0 += kQ8Block) {
+    const typename Vec::Reg s = Vec::set1(q8_scale(row, k, b0 / kQ8Block));
+    const Index end = k - b0 < kQ8Block ? k : b0 + kQ8Block;
+    Index i = b0;
+    for (; i + Vec::kWidth <= end; i += Vec::kWidth) {
+      Vec::store(dst + i, Vec::mul(Vec::load(row + i), s));
+    }
+    if (i < end) {
+      const int left = static_cast<int>(end - i);
+      Vec::store_first(dst + i, left, Vec::mul(Vec::load_first(row + i, left), s));
+    }
+  }
+}
+
+// linear_block (below) for Q8 weights: each vector of int8 values is widened and multiplied by
+// its block's scale once, then meets every token row as the f32 weights do. The scale is folded
+// into the weight (one multiply per weight vector) rather than into R x T partial sums per block:
+// that would double the accumulators, which AVX2's 16 registers cannot hold.
+template <int R, int T>
+inline void linear_block_q8(const float* x, Index k, const Q8* w, int rows, float* out, Index ldo,
+                            const Q8* next, unsigned prefetch_rows) {
+  const Index stride = q8_row_bytes(k);
+  typename Vec::Reg acc[R][T];
+  const Q8* wr[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) wr[r] = w + (r < rows ? r : 0) * stride;  // spare rows redo row 0
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) acc[r][t] = Vec::zero();
+  }
+  for (Index b0 = 0; b0 < k; b0 += kQ8Block) {
+    float scale[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) scale[r] = q8_scale(wr[r], k, b0 / kQ8Block);
+    // One 64-byte line of int8 values every other block.
+    if (b0 % 64 == 0) {
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        if ((prefetch_rows >> r) & 1u) {
+          __builtin_prefetch(next + r * stride + b0, 0, kPrefetchLocality);
+        }
+      }
+    }
+    if (k - b0 >= kQ8Block) {
+#pragma GCC unroll 4
+      for (Index i = b0; i < b0 + kQ8Block; i += Vec::kWidth) {
+        typename Vec::Reg a[R];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) a[r] = Vec::mul(Vec::load(wr[r] + i), Vec::set1(scale[r]));
+#pragma GCC unroll 8
+        for (int t = 0; t < T; ++t) {
+          const typename Vec::Reg xv = Vec::load(x + t * k + i);
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) acc[r][t] = Vec::fma(a[r], xv, acc[r][t]);
+        }
+      }
+    } else {  // the row's last, shorter block
+      for (Index i = b0; i < k; i += Vec::kWidth) {
+        const int left = k - i < Vec::kWidth ? static_cast<int>(k - i) : Vec::kWidth;
+        typename Vec::Reg a[R];
+        for (int r = 0; r < R; ++r) {
+          const typename Vec::Reg v =
+              left == Vec::kWidth ? Vec::load(wr[r] + i) : Vec::load_first(wr[r] + i, left);
+          a[r] = Vec::mul(v, Vec::set1(scale[r]));
+        }
+        for (int t = 0; t < T; ++t) {
+          const typename Vec::Reg xv =
+              left == Vec::kWidth ? Vec::load(x + t * k + i) : Vec::load_first(x + t * k + i, left);
+          for (int r = 0; r < R; ++r) acc[r][t] = Vec::fma(a[r], xv, acc[r][t]);
+        }
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    for (int r = 0; r < rows; ++r) out[t * ldo + r] = Vec::sum(acc[r][t]);
+  }
+}
+
 // Prefetching: while a block multiplies its weight rows it asks for rows of the next block
 // (`next`): those whose index has its bit set in `prefetch_rows`. With several token groups per
 // block, linear_rows spreads the next block's rows over the groups' passes, so memory keeps
@@ -46,6 +153,10 @@ inline const void* prefetch_address(const W* p, Index elements) {
 template <class W, int R, int T>
 inline void linear_block(const float* x, Index k, const W* w, int rows, float* out, Index ldo,
                          const W* next, unsigned prefetch_rows) {
+  if constexpr (kIsQ8<W>) {
+    linear_block_q8<R, T>(x, k, w, rows, out, ldo, next, prefetch_rows);
+    return;
+  }
   typename Vec::Reg acc[R][T];
   const W* wr[R];
 #pragma GCC unroll 8
@@ -187,6 +298,16 @@ inline void convert_rows(const W* src, Index count, float* dst) {
   }
 }
 
+// Weight rows [j, j + rows) of w (k weights each) into rows x k floats at dst.
+template <class W>
+inline void widen_block(const W* w, Index j, Index rows, Index k, float* dst) {
+  if constexpr (kIsQ8<W>) {
+    for (Index r = 0; r < rows; ++r) dequantize_q8_row(row_at(w, j + r, k), k, dst + r * k);
+  } else {
+    convert_rows(w + j * k, rows * k, dst);
+  }
+}
+
 // Weight rows [n0, n1), J at a time; each block of rows meets the tokens in passes of up to
 // kLinearLaneVecs vectors while its rows are in L1, and the first pass asks for the next block.
 // bf16/f16 rows (W) are first converted, a block at a time, into `wf` (J x k floats, L2-sized);
@@ -208,7 +329,7 @@ inline void lane_linear_blocks(const float* xt, Index ldx, Index m, Index k, con
     if constexpr (kF32) {
       wj = w + j * k;
     } else {
-      convert_rows(w + j * k, rows * k, wf);
+      widen_block(w, j, rows, k, wf);
       wj = wf;
     }
     for (Index t0 = 0; t0 < m; t0 += kPassTokens) {
@@ -254,6 +375,9 @@ template <class W>
 constexpr bool kConvertFirst = false;
 template <>
 constexpr bool kConvertFirst<F16> = true;
+// Q8 rows take a convert, a multiply by the scale and a scale load per block: converted once.
+template <>
+constexpr bool kConvertFirst<Q8> = true;
 
 template <class W>
 void linear_rows_of(const float* x, Index m, Index k, const W* w, Index n0, Index n1, float* out,
@@ -268,7 +392,7 @@ void linear_rows_of(const float* x, Index m, Index k, const W* w, Index n0, Inde
       float* wf = xt + promptcache::kernels::linear_scratch_x_floats(m, k);
       for (Index j = n0; j < n1; j += Vec::kRows) {
         const int rows = static_cast<int>(n1 - j < Vec::kRows ? n1 - j : Vec::kRows);
-        convert_rows(w + j * k, rows * k, wf);
+        widen_block(w, j, rows, k, wf);
         Index t = 0;
         for (; t + Vec::kTokens <= m; t += Vec::kTokens) {
           linear_block<float, Vec::kRows, Vec::kTokens>(x + t * k, k, wf, rows, out + t * ldo + j,
@@ -287,7 +411,8 @@ void linear_rows_of(const float* x, Index m, Index k, const W* w, Index n0, Inde
     const Index jn = j + Vec::kRows;
     const int next_rows =
         static_cast<int>(jn >= n1 ? 0 : (n1 - jn < Vec::kRows ? n1 - jn : Vec::kRows));
-    const W* next = w + jn * k;
+    const W* next = row_at(w, jn, k);
+    const W* wj = row_at(w, j, k);
     // Pass p prefetches the next block's rows r with r % passes == p.
     auto prefetch_rows = [&](int pass) {
       unsigned bits = 0;
@@ -297,13 +422,12 @@ void linear_rows_of(const float* x, Index m, Index k, const W* w, Index n0, Inde
     Index t = 0;
     int pass = 0;
     for (; t + Vec::kTokens <= m; t += Vec::kTokens, ++pass) {
-      linear_block<W, Vec::kRows, Vec::kTokens>(x + t * k, k, w + j * k, rows, out + t * ldo + j,
-                                                ldo, next, prefetch_rows(pass));
+      linear_block<W, Vec::kRows, Vec::kTokens>(x + t * k, k, wj, rows, out + t * ldo + j, ldo,
+                                                next, prefetch_rows(pass));
     }
     if (t < m) {
-      linear_block_tail<W, Vec::kTokens - 1>(static_cast<int>(m - t), x + t * k, k, w + j * k,
-                                             rows, out + t * ldo + j, ldo, next,
-                                             prefetch_rows(pass));
+      linear_block_tail<W, Vec::kTokens - 1>(static_cast<int>(m - t), x + t * k, k, wj, rows,
+                                             out + t * ldo + j, ldo, next, prefetch_rows(pass));
     }
   }
 }
@@ -319,6 +443,13 @@ void linear_rows_bf16(const float* x, Index m, Index k, const Bf16* w, Index n0,
 void linear_rows_f16(const float* x, Index m, Index k, const F16* w, Index n0, Index n1,
                      float* out, Index ldo, float* xt) {
   linear_rows_of<F16>(x, m, k, w, n0, n1, out, ldo, xt);
+}
+void linear_rows_q8(const float* x, Index m, Index k, const Q8* w, Index n0, Index n1, float* out,
+                    Index ldo, float* xt) {
+  linear_rows_of<Q8>(x, m, k, w, n0, n1, out, ldo, xt);
+}
+void widen_q8(const Q8* src, Index rows, Index k, float* dst) {
+  widen_block(src, 0, rows, k, dst);
 }
 void widen_bf16(const Bf16* src, Index count, float* dst) {
   convert_rows(src, count, dst);
