@@ -1,7 +1,5 @@
 #include "promptcache/model/cpu_attention.hpp"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -9,6 +7,7 @@
 #include "kernels/kernels.hpp"
 #include "promptcache/error.hpp"
 #include "promptcache/model/cpu_linear.hpp"
+#include "promptcache/model/work_pool.hpp"
 
 namespace promptcache {
 namespace {
@@ -141,41 +140,37 @@ torch::Tensor attend_few_queries(const torch::Tensor& qg, const std::vector<KVSe
   const bool* mp = mask.defined() ? mask.data_ptr<bool>() : nullptr;
   const int64_t tasks = b * hkv;
   const int team = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, tasks)));
-#pragma omp parallel num_threads(team)
-  {
-    // Kept per thread between calls: a layer's scratch is a few hundred KB, and a fresh
-    // allocation of that size would be mapped (and page-faulted) anew on every call.
+  // Kept per thread between calls: a layer's scratch is a few hundred KB, and a fresh allocation
+  // of that size would be mapped (and page-faulted) anew on every call.
+  const auto need = static_cast<std::size_t>(kernels::attend_scratch_floats(d, slots));
+  parallel_chunks(tasks, team, [&](int64_t task) {
     thread_local std::vector<float> scratch;
     thread_local std::vector<kernels::AttendSegment> heads;
-    const auto need = static_cast<std::size_t>(kernels::attend_scratch_floats(d, slots));
     if (scratch.size() < need) scratch.resize(need);
     heads.resize(runs.size());
-#pragma omp for schedule(static)
-    for (int64_t task = 0; task < tasks; ++task) {
-      const int64_t bi = task / hkv, h = task % hkv;
-      for (std::size_t s = 0; s < runs.size(); ++s) {
-        const Run& run = runs[s];
-        heads[s] = {run.k + bi * run.k_batch + h * run.k_head,
-                    run.v + bi * run.v_batch + h * run.v_head, run.slots};
-      }
-      kernels::AttendArgs a;
-      a.q = qp + task * rows * d;
-      a.rows = rows;
-      a.d = d;
-      a.segments = heads.data();
-      a.segment_count = static_cast<long long>(heads.size());
-      a.slots = slots;
-      if (mp != nullptr) {
-        a.mask = mask.dim() == 3 ? mp + bi * mask.stride(0) : mp;
-        a.mask_ld = mask.stride(-2);
-      }
-      a.tokens = tokens;
-      a.open = open;
-      a.out = op + task * rows * d;
-      a.scratch = scratch.data();
-      kernel.fn(a);
+    const int64_t bi = task / hkv, h = task % hkv;
+    for (std::size_t s = 0; s < runs.size(); ++s) {
+      const Run& run = runs[s];
+      heads[s] = {run.k + bi * run.k_batch + h * run.k_head,
+                  run.v + bi * run.v_batch + h * run.v_head, run.slots};
     }
-  }
+    kernels::AttendArgs a;
+    a.q = qp + task * rows * d;
+    a.rows = rows;
+    a.d = d;
+    a.segments = heads.data();
+    a.segment_count = static_cast<long long>(heads.size());
+    a.slots = slots;
+    if (mp != nullptr) {
+      a.mask = mask.dim() == 3 ? mp + bi * mask.stride(0) : mp;
+      a.mask_ld = mask.stride(-2);
+    }
+    a.tokens = tokens;
+    a.open = open;
+    a.out = op + task * rows * d;
+    a.scratch = scratch.data();
+    kernel.fn(a);
+  });
   return out;
 }
 

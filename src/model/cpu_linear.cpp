@@ -1,7 +1,5 @@
 #include "promptcache/model/cpu_linear.hpp"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -13,6 +11,7 @@
 #include "promptcache/error.hpp"
 #include "promptcache/model/q8_weights.hpp"
 #include "promptcache/model/threads.hpp"
+#include "promptcache/model/work_pool.hpp"
 
 namespace promptcache {
 namespace {
@@ -82,15 +81,18 @@ torch::Tensor run_rows(kernels::LinearRowsOf<W> fn, const torch::Tensor& x, int6
   auto out = torch::empty(sizes, x.options());
   const float* xp = xc.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  // Each thread streams its own contiguous share of the weight rows (a multiple of 12, so the
-  // 4- and 3-row blocks of the kernels stay whole); small matrices stay on one thread.
+  // The weight rows go in chunks (a multiple of 12 rows, so the 4- and 3-row blocks of the
+  // kernels stay whole) that the pool's threads take as they come, about four per thread;
+  // small matrices stay on one thread.
   constexpr int64_t kGrain = 12 * 16;
   const int threads =
       static_cast<int>(std::min<int64_t>(kernel_threads(), (n + kGrain - 1) / kGrain));
   // Each thread transposes x into its own scratch (kept between calls: a fresh allocation of
   // that size would be page-faulted anew each time).
   // f16 weights use it from 2 rows on too, for rows converted once for several passes.
-  const bool lanes = m >= (std::is_same_v<W, kernels::F16> ? 2 : kernels::kLinearLaneMinRows);
+  // So do Q8 weights.
+  constexpr bool kConvertFirst = std::is_same_v<W, kernels::F16> || std::is_same_v<W, kernels::Q8>;
+  const bool lanes = m >= (kConvertFirst ? 2 : kernels::kLinearLaneMinRows);
   auto scratch = [&]() -> float* {
     if (!lanes) return nullptr;
     thread_local std::vector<float> xt;
@@ -102,13 +104,17 @@ torch::Tensor run_rows(kernels::LinearRowsOf<W> fn, const torch::Tensor& x, int6
     fn(xp, m, k, wp, 0, n, op, n, scratch());
     return out;
   }
-  const int64_t share = ((n + threads - 1) / threads + 11) / 12 * 12;
-#pragma omp parallel num_threads(threads)
-  {
-    const int64_t n0 = std::min<int64_t>(n, omp_get_thread_num() * share);
-    const int64_t n1 = std::min<int64_t>(n, n0 + share);
-    if (n0 < n1) fn(xp, m, k, wp, n0, n1, op, n, scratch());
-  }
+  // A call along the lanes transposes x into its thread's scratch for every chunk, so it takes
+  // one chunk per thread (more cost a 17-token prefill of bench-small 7%).
+  const int64_t per_thread = m >= kernels::kLinearLaneMinRows ? 1 : 4;
+  const int64_t share =
+      std::max<int64_t>(kGrain / 2, (n + per_thread * threads - 1) / (per_thread * threads));
+  const int64_t rows_per_chunk = (share + 11) / 12 * 12;
+  const int64_t chunks = (n + rows_per_chunk - 1) / rows_per_chunk;
+  parallel_chunks(chunks, threads, [&](int64_t c) {
+    const int64_t n0 = c * rows_per_chunk;
+    fn(xp, m, k, wp, n0, std::min(n, n0 + rows_per_chunk), op, n, scratch());
+  });
   return out;
 }
 

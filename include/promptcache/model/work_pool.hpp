@@ -1,0 +1,27 @@
+// promptcache/model/work_pool.hpp — the threads the library's own CPU kernels run on.
+//
+// A decode step calls the kernels ~100 times (every linear layer, every attention), each a few
+// tens of microseconds of work split over the cores. With an OpenMP team per call, every call
+// ended at a barrier that waited for every thread of the team: when another process held a
+// core, a thread that was not running held up the call until the scheduler ran it again. Here a
+// call is cut into chunks that whichever threads run take from a shared counter; the caller
+// takes chunks too and returns as soon as every chunk is done, so a helper that never got to run
+// costs nothing. Helpers spin briefly between calls (the next call of a decode step comes within
+// microseconds) and then sleep, so an idle pool takes no CPU from OpenBLAS's threads or anyone
+// else. Measured on the 2-core host beside two busy processes (default threads, 64 new tokens):
+// bench-small bf16 decode 1.5 tok/s with OpenMP teams, 22 with the pool (18 with one thread);
+// stories260K 72 and 889 (945 with one thread). Idle, both decode at the same speed (bench-small
+// bf16 91-92 tok/s, stories260K 2560-2700 tok/s; docs/benchmarks.md).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace promptcache {
+
+// Runs fn(chunk) for every chunk in [0, chunks) on up to `threads` threads (the caller among
+// them) and returns when all have returned. fn must not throw. Calls made while another call is
+// in flight (from another thread, or from inside fn) run on the calling thread alone.
+void parallel_chunks(int64_t chunks, int threads, const std::function<void(int64_t)>& fn);
+
+}  // namespace promptcache
