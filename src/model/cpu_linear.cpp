@@ -14,6 +14,7 @@
 #include "promptcache/model/work_pool.hpp"
 
 namespace promptcache {
+static_assert(kCpuLinearQ8IntegerRows == kernels::kQ8DotMaxRows);
 namespace {
 
 bool cpu_has(CpuLinearKernel kernel) {
@@ -26,7 +27,7 @@ bool cpu_has(CpuLinearKernel kernel) {
              __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     case CpuLinearKernel::kAvx512:
       return kernels::linear_rows_avx512 != nullptr && __builtin_cpu_supports("avx512f") &&
-             __builtin_cpu_supports("f16c");
+             __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   }
   return false;
 #else
@@ -92,7 +93,9 @@ torch::Tensor run_rows(kernels::LinearRowsOf<W> fn, const torch::Tensor& x, int6
   // f16 weights use it from 2 rows on too, for rows converted once for several passes.
   // So do Q8 weights.
   constexpr bool kConvertFirst = std::is_same_v<W, kernels::F16> || std::is_same_v<W, kernels::Q8>;
-  const bool lanes = m >= (kConvertFirst ? 2 : kernels::kLinearLaneMinRows);
+  // Q8 weights take it at every size (x quantized to 8 bits there, up to 12 rows).
+  const bool lanes =
+      std::is_same_v<W, kernels::Q8> || m >= (kConvertFirst ? 2 : kernels::kLinearLaneMinRows);
   auto scratch = [&]() -> float* {
     if (!lanes) return nullptr;
     thread_local std::vector<float> xt;

@@ -31,6 +31,8 @@ enum class CpuLinearKernel {
 // 390), decode unchanged (bench_prefill, docs/benchmarks.md). OMP_WAIT_POLICY=passive removed
 // the cliff as well but cost decoding a third of its speed.
 constexpr int64_t kCpuLinearMaxRows = 256;
+// Rows of x up to which Q8 weights meet x quantized to 8 bits (see linear_layer).
+constexpr int64_t kCpuLinearQ8IntegerRows = 12;
 
 // x [..., in] times weight [out, in] transposed: [..., out], as torch::linear(x, weight).
 // An f32 x also takes a bf16 or f16 weight (kept so: half the bytes to stream) and gives f32:
@@ -38,8 +40,10 @@ constexpr int64_t kCpuLinearMaxRows = 256;
 // read; more rows than kCpuLinearMaxRows convert the weight (in blocks of rows past 4M
 // elements) into a per-thread f32 scratch for LibTorch's GEMM; with the kernels off it is
 // torch::linear(x, weight.to(f32)). An int8 weight is Q8 (promptcache/model/q8_weights.hpp):
-// the kernels widen and scale its blocks as they read; the reference is torch::linear on
-// dequantize_q8(weight).
+// up to kCpuLinearQ8IntegerRows rows of x the kernels quantize x as well (blocks of 32, scale =
+// max |x| / 127, round to nearest even) and multiply in integers, as llama.cpp does; more rows
+// multiply f32 x by the dequantized weights. The reference (kernels off) is always torch::linear
+// on dequantize_q8(weight) with f32 x.
 torch::Tensor linear_layer(const torch::Tensor& x, const torch::Tensor& weight);
 
 // The kernel in use: the best the processor supports, unless PROMPTCACHE_CPU_KERNELS=off was

@@ -32,6 +32,8 @@ struct Q8 {
   signed char value;
 };
 constexpr long long kQ8Block = 32;
+// Up to this many rows of x, Q8 kernels quantize x to 8 bits too and multiply in integers.
+constexpr long long kQ8DotMaxRows = 12;
 constexpr long long q8_row_bytes(long long k) {
   return k + 2 * ((k + kQ8Block - 1) / kQ8Block);
 }
@@ -48,13 +50,18 @@ using WidenOf = void (*)(const W* src, long long count, float* dst);
 using WidenQ8Fn = void (*)(const Q8* src, long long rows, long long k, float* dst);
 constexpr long long kLinearLaneMinRows = 13;
 // x transposed, its tokens padded to a multiple of 16 (the widest vector); then, for bf16/f16
-// weights, a block of up to kLinearLaneMaxBlockRows weight rows converted to f32.
+// weights, a block of up to kLinearLaneMaxBlockRows weight rows converted to f32; for Q8
+// weights and up to 12 rows, x quantized to 8 bits (q8_scratch_x_floats).
 constexpr long long kLinearLaneMaxBlockRows = 12;
 constexpr long long linear_scratch_x_floats(long long m, long long k) {
   return k * ((m + 15) / 16 * 16);
 }
+// Q8 weights with up to 12 rows of x: x quantized, its scales and 32-value blocks (f32 units).
+constexpr long long q8_scratch_x_floats(long long m, long long k) {
+  return m * ((k + kQ8Block - 1) / kQ8Block) * (1 + kQ8Block / 4);
+}
 constexpr long long linear_scratch_floats(long long m, long long k) {
-  return linear_scratch_x_floats(m, k) + kLinearLaneMaxBlockRows * k;
+  return linear_scratch_x_floats(m, k) + kLinearLaneMaxBlockRows * k + q8_scratch_x_floats(m, k);
 }
 
 // One run of a KV head's slots: `slots` keys and as many values, each a dense row of d floats.
