@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
+#include <iostream>
 #include <limits>
 
 #include "promptcache/model/threads.hpp"
@@ -113,6 +114,10 @@ void add_sampling_options(CLI::App& app, SamplingOptions& o) {
       ->capture_default_str()
       ->check(whole_number(0, std::numeric_limits<std::uint64_t>::max()));
   app.add_option("--stop", o.stop, "stop when this text appears (repeatable)");
+}
+
+void print_warnings(const std::vector<pml::Warning>& warnings) {
+  for (const auto& w : warnings) std::cerr << "warning: " << w.render() << "\n";
 }
 
 }  // namespace promptcache::cli

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "promptcache/pml/source.hpp"
 #include "promptcache/sampling.hpp"
 
 namespace promptcache::cli {
@@ -52,6 +53,9 @@ Command register_tokenize(CLI::App& root);
 CLI::Validator whole_number(unsigned long long min, unsigned long long max);
 CLI::Validator number_in(double min, double max);
 CLI::Validator positive_number();
+
+// Prints what a schema or prompt accepted leniently to stderr, one "warning: FILE:LINE: ..." each.
+void print_warnings(const std::vector<pml::Warning>& warnings);
 
 // A user mistake: printed as "promptcache: error: ..." without a stack trace; exit code 2.
 struct UsageError : std::runtime_error {

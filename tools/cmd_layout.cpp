@@ -79,7 +79,14 @@ Command register_layout(CLI::App& root) {
             const auto tok = load_tokenizer(o->model.model_dir);
             const auto tmpl = pml::chat_template(pml::choose_chat_template(
                 o->chat_template, config.chat_template, *tok, config.default_chat_template()));
-            const auto layout = pml::layout(pml::parse_schema_file(o->schema), *tok, tmpl);
+            const auto schema = pml::parse_schema_file(o->schema);
+            print_warnings(schema.warnings);
+            // Over-long schemas are shown, with warnings; only one far past any use (64 times
+            // the context) is refused, before a 100 MB module would be tokenized for minutes.
+            pml::LayoutOptions limits;
+            limits.max_positions = 64 * static_cast<std::size_t>(config.max_position_embeddings);
+            limits.limit_name = "the most `layout` shows, 64 times the model's context";
+            const auto layout = pml::layout(schema, *tok, tmpl, limits);
             pml::RenderOptions render;
             render.show_ids = o->ids;
             std::cout << pml::render_layout(layout, render);

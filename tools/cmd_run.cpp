@@ -61,8 +61,13 @@ Command register_run(CLI::App& root) {
   return {app, [o]() {
             auto engine = open_engine(o->model, o->engine);
             std::vector<pml::Prompt> prompts;
-            for (const auto& file : o->prompts) prompts.push_back(pml::parse_prompt_file(file));
-            engine->add_schema_file(o->schema, progress_bar(), o->cache_file);
+            for (const auto& file : o->prompts) {
+              prompts.push_back(pml::parse_prompt_file(file));
+              print_warnings(prompts.back().warnings);
+            }
+            const auto schema = pml::parse_schema_file(o->schema);
+            print_warnings(schema.warnings);
+            engine->add_schema(schema, progress_bar(), o->cache_file);
             const auto& first = prompts.front();
             if (o->stats) std::cerr << "[" << engine->compile_report(first.schema).source << "]\n";
             SamplingParams params = o->sampling.params;

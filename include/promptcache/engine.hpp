@@ -86,8 +86,12 @@ class Engine {
   using ProgressCallback = std::function<void(const std::string& schema, const CompileProgress&)>;
   // Parses, lays out and compiles a schema; replaces a schema of the same name. With a
   // cache_file the states are loaded from it when it matches this schema layout, model, dtype
-  // and encoding mode, and compiled then saved to it otherwise (a stale file is replaced, a
-  // corrupt one is an error and left alone). compile_report().source tells which happened.
+  // and encoding mode, and compiled then saved to it otherwise: a file of another layout, model,
+  // dtype or mode, or one whose checksums fail, is replaced (compile_report().source says why);
+  // one the safetensors reader refuses (truncated, malformed) is an error and left alone.
+  // A schema refused while it is parsed or laid out (kContextOverflow when it cannot fit the
+  // model's context) leaves the engine as it was; one that fails to compile is dropped whole;
+  // one compiled but not saved (Error(kIo) naming the file) is added before the error is thrown.
   const pml::Layout& add_schema(const pml::Schema& schema, const ProgressCallback& progress = {},
                                 const std::string& cache_file = "");
   const pml::Layout& add_schema_file(const std::string& path, const ProgressCallback& progress = {},
@@ -96,7 +100,8 @@ class Engine {
                                        const std::string& origin = "<string>",
                                        const std::string& base_dir = "",
                                        const ProgressCallback& progress = {});
-  // Lays a schema out without compiling it (what `promptcache layout` shows).
+  // Lays a schema out without compiling it, held to the model's context (Error(kContextOverflow)
+  // when it cannot fit; `promptcache layout` lays out without that limit and warns instead).
   pml::Layout layout_only(const pml::Schema& schema) const;
 
   bool has_schema(const std::string& name) const { return schemas_.count(name) > 0; }

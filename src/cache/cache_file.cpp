@@ -96,7 +96,12 @@ void write_atomically(const std::string& path, const std::map<std::string, torch
                       const std::map<std::string, std::string>& meta) {
   const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
   try {
-    write_safetensors(tmp, tensors, meta);
+    try {
+      write_safetensors(tmp, tensors, meta);
+    } catch (const Error& e) {
+      // Named after the file the user asked for, not the temporary one.
+      throw Error(e.kind(), "cannot write the cache file: " + e.message(), {path});
+    }
     const int fd = ::open(tmp.c_str(), O_RDONLY);
     if (fd < 0 || ::fsync(fd) != 0) {
       if (fd >= 0) ::close(fd);
@@ -169,9 +174,11 @@ void load_cache_file(const std::string& path, const pml::Layout& layout, CacheSt
                   "not a promptcache states file (metadata '" + key + "' is missing)", {path});
     }
     if (it->second != want) {
+      // `what` may open a parenthesis ("another model (fingerprint"): close it.
+      const bool paren = what.find('(') != std::string::npos;
       throw Error(ErrorKind::kCacheFile,
-                  "cache file was made for " + what + " '" + it->second + "', not '" + want +
-                      "'; delete it or compile again",
+                  "cache file was made for " + what + " '" + it->second + "'" + (paren ? ")" : "") +
+                      ", not '" + want + "'; delete it or compile again",
                   {path});
     }
   };

@@ -11,7 +11,9 @@ namespace promptcache {
 
 void SamplingParams::validate() const {
   auto bad = [](const std::string& what) { throw Error(ErrorKind::kInvalidArgument, what); };
-  if (!(temperature >= 0.0f) || !std::isfinite(temperature)) bad("temperature must be >= 0");
+  if (!(temperature >= 0.0f) || !std::isfinite(temperature)) {
+    bad("temperature must be a finite number >= 0, not " + std::to_string(temperature));
+  }
   if (top_k < 0) bad("top-k must be >= 0");
   if (!(top_p > 0.0f && top_p <= 1.0f)) bad("top-p must be in (0, 1]");
   if (!(repetition_penalty > 0.0f) || !std::isfinite(repetition_penalty)) {

@@ -20,13 +20,30 @@ AssembledPrompt baseline_prompt(const pml::ResolvedPrompt& resolved) {
   return a;
 }
 
-// Error(kContextOverflow) when `what` needs positions past the model's context.
-void check_context(const AssembledPrompt& a, int64_t limit, const std::string& what) {
-  if (a.max_position >= limit) {
+// The KV room to reserve for decoding: max_new_tokens, but never more than the context
+// (decoding stops there), so an absurd max_new_tokens cannot allocate a huge KV cache.
+int64_t decode_room(int64_t max_new_tokens, int64_t context) {
+  return std::clamp<int64_t>(max_new_tokens, 0, context);
+}
+
+// Error(kContextOverflow) when `what` needs positions up to `max_position`, past the model's
+// context, at `where` (the prompt's file and element).
+void check_context(int64_t max_position, int64_t limit, const std::string& what,
+                   const SourceLocation& where) {
+  if (max_position >= limit) {
     throw Error(ErrorKind::kContextOverflow,
-                what + " needs positions up to " + std::to_string(a.max_position) +
-                    " but the model's context is " + std::to_string(limit));
+                what + " needs positions up to " + std::to_string(max_position) +
+                    " but the model's context is " + std::to_string(limit),
+                where);
   }
+}
+
+// The largest position a prompt will use, known before it is assembled: checked first, so a
+// prompt past the context never has a KV cache of its size reserved (with a large model, one
+// that far past the context could need more memory than the machine has). Cached, the fresh
+// text comes last and ends at next_position(); the baseline packs its tokens from 0.
+int64_t max_position_of(const pml::ResolvedPrompt& resolved, bool use_cache) {
+  return static_cast<int64_t>(use_cache ? resolved.next_position() : resolved.baseline.size()) - 1;
 }
 
 }  // namespace
@@ -47,11 +64,22 @@ Engine::Engine(std::unique_ptr<LlamaModel> model, std::unique_ptr<Tokenizer> tok
 std::unique_ptr<Engine> Engine::open(const std::string& model_dir, EngineOptions options) {
   auto model = LlamaModel::load(model_dir, options.load);
   // tokenizer.json (byte-level BPE) when the folder has one, else tokenizer.model.
-  return std::make_unique<Engine>(std::move(model), load_tokenizer(model_dir), std::move(options));
+  auto tokenizer = load_tokenizer(model_dir);
+  try {
+    return std::make_unique<Engine>(std::move(model), std::move(tokenizer), std::move(options));
+  } catch (const Error& e) {
+    // The constructor's check of the tokenizer against the model knows no folder: name it.
+    if (!e.where().file.empty() || e.kind() != ErrorKind::kModel) throw;
+    throw Error(e.kind(), e.message(), SourceLocation{model_dir, 0, 0, {}});
+  }
 }
 
 pml::Layout Engine::layout_only(const pml::Schema& schema) const {
-  return pml::layout(schema, *tokenizer_, template_);
+  // Held to the model's context: a schema that cannot fit is refused while it is laid out (a
+  // 100 MB module before it is tokenized), and so are prompts resolved against it.
+  pml::LayoutOptions options;
+  options.max_positions = static_cast<std::size_t>(model_->config().max_position_embeddings);
+  return pml::layout(schema, *tokenizer_, template_, options);
 }
 
 const pml::Layout& Engine::add_schema(const pml::Schema& schema, const ProgressCallback& progress,
@@ -63,7 +91,9 @@ const pml::Layout& Engine::add_schema(const pml::Schema& schema, const ProgressC
   for (const auto& [_, states] : store_.spans_of(schema.name)) {
     const auto& held = buffer_.sources();
     if (std::any_of(held.begin(), held.end(),
-                    [&](const SlotSource& s) { return s.source == states.id; })) {
+                    // Captured by value: a lambda may not capture a structured binding in
+                    // C++17 (clang refuses it; GCC accepts it as an extension).
+                    [id = states.id](const SlotSource& s) { return s.source == id; })) {
       buffer_.clear();
       break;
     }
@@ -89,9 +119,25 @@ const pml::Layout& Engine::add_schema(const pml::Schema& schema, const ProgressC
     if (progress) {
       options.on_progress = [&](const CompileProgress& p) { progress(schema.name, p); };
     }
-    entry.report = ModuleCompiler(*model_).compile(entry.layout, store_, options);
+    try {
+      entry.report = ModuleCompiler(*model_).compile(entry.layout, store_, options);
+    } catch (...) {
+      // The compiler replaces the schema's states as it goes: the old layout must not stay
+      // over states of another one, so the schema is dropped whole.
+      store_.erase_schema(schema.name);
+      schemas_.erase(schema.name);
+      throw;
+    }
     if (!cache_file.empty() && !store_.spans_of(schema.name).empty()) {
-      save_cache_file(cache_file, entry.layout, store_, *model_, options_.encoding);
+      try {
+        save_cache_file(cache_file, entry.layout, store_, *model_, options_.encoding);
+      } catch (...) {
+        // The states in the store are the new schema's: it is added (compiled, not saved)
+        // before the error goes to the caller.
+        entry.report.source = "compiled; saving to " + cache_file + " failed";
+        schemas_[schema.name] = std::move(entry);
+        throw;
+      }
       entry.report.source = stale.empty()
                                 ? "compiled, saved to " + cache_file
                                 : cache_file + " was stale (" + stale + "); compiled and saved";
@@ -147,6 +193,8 @@ Engine::Prefill Engine::prefill(const pml::ResolvedPrompt& resolved, KVCache& ca
                                 int64_t extra_capacity, const AssembleOptions& assembly) const {
   Prefill out;
   const auto int64 = torch::TensorOptions().dtype(torch::kInt64);
+  const int64_t limit = model_->config().max_position_embeddings;
+  check_context(max_position_of(resolved, use_cache), limit, "the prompt", resolved.where);
   if (use_cache) {
     const pml::Layout& lay = layout(resolved.schema);
     out.assembled = Assembler().assemble(resolved, lay, store_, cache, extra_capacity, assembly);
@@ -155,7 +203,7 @@ Engine::Prefill Engine::prefill(const pml::ResolvedPrompt& resolved, KVCache& ca
     cache.clear();
     cache.reserve(static_cast<int64_t>(resolved.baseline.size()) + extra_capacity);
   }
-  check_context(out.assembled, model_->config().max_position_embeddings, "the prompt");
+  check_context(out.assembled.max_position, limit, "the prompt", resolved.where);
   const auto& fresh = out.assembled.fresh_tokens;
   const double start = now_ms();
   std::vector<int64_t> ids(fresh.begin(), fresh.end());
@@ -172,7 +220,9 @@ Response Engine::generate(const pml::Prompt& prompt, const SamplingParams& param
                           const TokenCallback& on_token, const RequestOptions& request) {
   const double start = now_ms();
   const pml::ResolvedPrompt resolved = resolve(prompt);
-  const int64_t extra = params.max_new_tokens;
+  params.validate();
+  const int64_t extra =
+      decode_room(params.max_new_tokens, model_->config().max_position_embeddings);
   if (buffer_.layers() == 0) buffer_ = model_->make_cache(0);
   Prefill pre = prefill(resolved, buffer_, request.use_cache, extra,
                         AssembleOptions{request.reuse_buffer, request.in_place});
@@ -210,6 +260,11 @@ Engine::BatchPrefill Engine::prefill_batch(const std::vector<pml::ResolvedPrompt
                                                  " prompts for a KV cache of batch " +
                                                  std::to_string(cache.shape().batch));
   }
+  const int64_t limit = model_->config().max_position_embeddings;
+  for (int64_t i = 0; i < rows; ++i) {
+    check_context(max_position_of(resolved[i], use_cache), limit,
+                  "prompt " + std::to_string(i + 1) + " of the batch", resolved[i].where);
+  }
   AssembledBatch& batch = out.assembled;
   if (use_cache) {
     std::vector<BatchPrompt> prompts;
@@ -224,8 +279,8 @@ Engine::BatchPrefill Engine::prefill_batch(const std::vector<pml::ResolvedPrompt
     cache.reserve(batch.fresh_slots + std::max<int64_t>(extra_capacity, 0));
   }
   for (int64_t i = 0; i < rows; ++i) {
-    check_context(batch.rows[i], model_->config().max_position_embeddings,
-                  "prompt " + std::to_string(i + 1) + " of the batch");
+    check_context(batch.rows[i].max_position, limit,
+                  "prompt " + std::to_string(i + 1) + " of the batch", resolved[i].where);
   }
   // Row i's fresh tokens end at the same slot as every other row's (padding goes first), so the
   // last column of the batch holds every row's last token. A padding token sees only itself.
@@ -275,7 +330,8 @@ std::vector<Response> Engine::generate_batch(const std::vector<pml::Prompt>& pro
     batch_buffer_ = model_->make_cache(0, rows);
   }
   BatchPrefill pre =
-      prefill_batch(resolved, batch_buffer_, request.use_cache, params.max_new_tokens);
+      prefill_batch(resolved, batch_buffer_, request.use_cache,
+                    decode_room(params.max_new_tokens, model_->config().max_position_embeddings));
 
   std::vector<TokenStream> streams;
   std::vector<int64_t> next_position(rows);

@@ -237,6 +237,13 @@ std::unique_ptr<LlamaModel> LlamaModel::from_tensors(const ModelConfig& config,
                       " but config.json implies " + shape_string(shape),
                   {origin, 0, 0, "tensor '" + name + "'"});
     }
+    // An integer or bool tensor would convert to weights without a word: refused.
+    if (!at::isFloatingType(it->second.scalar_type())) {
+      throw Error(ErrorKind::kModel,
+                  "tensor is stored as " + std::string(c10::toString(it->second.scalar_type())) +
+                      "; weights must be a floating-point dtype (F32, F16, BF16, F64)",
+                  {origin, 0, 0, "tensor '" + name + "'"});
+    }
     if (shape.size() == 2 && q8) return quantize_q8(it->second);
     return it->second.to(shape.size() == 2 ? to_weights : to_model);
   };

@@ -122,6 +122,13 @@ struct Pass {
 
 struct LayoutOptions {
   bool add_bos = true;  // put the tokenizer's BOS at position 0, as the root's first span
+  // The model's context (0 = no limit): a schema that needs more positions is refused with
+  // Error(kContextOverflow) as soon as that is certain — a text too heavy to fit in the positions
+  // left before it is tokenized (limits.hpp), a parameter before its slot is made — instead of
+  // after tokenizing all of it. Prompts resolved against the layout are held to it too.
+  std::size_t max_positions = 0;
+  // What max_positions is, for the messages ("past the model's context (2048 positions)").
+  std::string limit_name = "the model's context";
 };
 
 // The id that pads a parameter slot past its scaffold's tokens: unk, or where the tokenizer has
@@ -142,6 +149,8 @@ class Layout {
   std::vector<Span> spans;            // document order (members of one union one after another)
   std::size_t total_length = 0;       // positions reserved by the whole schema (= root's end)
   bool has_bos = false;
+  std::size_t max_positions = 0;  // LayoutOptions::max_positions it was laid out for (0: none)
+  std::vector<Warning> warnings;  // the schema's (Schema::warnings)
 
   const ModuleLayout& root() const { return modules.front(); }
 
@@ -248,13 +257,53 @@ class LayoutBuilder {
   Layout build(const Schema& schema) {
     out_.schema_name = schema.name;
     out_.chat_template = tmpl_;
+    out_.max_positions = options_.max_positions;
+    out_.warnings = schema.warnings;
     lay_module(schema.root, kNoIndex, {});
     out_.total_length = out_.modules.front().end;
     return std::move(out_);
   }
 
  private:
+  std::string module_name(std::size_t module) const {
+    return out_.modules[module].is_root() ? "the schema's root"
+                                          : "module '" + out_.modules[module].path + "'";
+  }
+
+  // Error(kContextOverflow) when `needed` more positions from the cursor pass max_positions.
+  void check_room(std::size_t needed, std::size_t module, const SourceLocation& where,
+                  const std::string& what) const {
+    const std::size_t limit = options_.max_positions;
+    if (limit == 0 || (cursor_ <= limit && needed <= limit - cursor_)) return;
+    throw Error(ErrorKind::kContextOverflow,
+                what + " of " + module_name(module) + " needs positions " +
+                    std::to_string(cursor_) + " to " + std::to_string(cursor_ + needed) +
+                    ", past " + options_.limit_name + " (" + std::to_string(limit) + " positions)",
+                where);
+  }
+
+  // Before tokenizing: Error(kContextOverflow) when the text certainly cannot fit in the
+  // positions left (limits.hpp: more than kMaxBytesPerToken bytes a position), so that a 100 MB
+  // module costs no tokenization.
+  void check_text_room(std::string_view text, std::size_t module,
+                       const SourceLocation& where) const {
+    const std::size_t limit = options_.max_positions;
+    if (limit == 0) return;
+    const std::size_t left = cursor_ < limit ? limit - cursor_ : 0;
+    if (!cannot_fit(text, left)) return;
+    throw Error(ErrorKind::kContextOverflow,
+                "a text of " + std::to_string(text.size()) + " bytes in " + module_name(module) +
+                    " cannot fit in the " + std::to_string(left) + " positions left of " +
+                    options_.limit_name + " (" + std::to_string(limit) +
+                    " positions): no tokenizer packs more than " +
+                    std::to_string(kMaxBytesPerToken) + " bytes into a token; it was not tokenized",
+                where);
+  }
+
   std::size_t add_span(Span span) {
+    check_room(span.tokens.size(), span.module, span.where,
+               span.kind == SpanKind::kParameter ? "parameter '" + span.parameter + "'"
+                                                 : std::string("a text"));
     const std::size_t id = out_.spans.size();
     const ModuleLayout& owner = out_.modules[span.module];
     span.begin = cursor_;
@@ -321,6 +370,7 @@ class LayoutBuilder {
           Span span;
           span.kind = SpanKind::kText;
           span.module = module;
+          check_text_room(child.text, module, child.where);
           span.tokens = encode_span(tok_, child.text);
           span.text = child.text;
           span.where = child.where;
@@ -382,8 +432,18 @@ class LayoutBuilder {
     span.parameter = node.name;
     span.text = node.text;
     span.where = node.where;
+    // The slot is checked before it is made: `length` may be up to kMaxParameterLength.
+    check_room(node.length, module, node.where, "parameter '" + node.name + "'");
     // A scaffold is only a placeholder for the encoding context, and whether it fits depends on
-    // the tokenizer, so a long one is cut to the slot rather than rejected.
+    // the tokenizer, so a long one is cut to the slot rather than rejected — unless it is so
+    // long that no tokenizer could fit it (limits.hpp): that is a mistake, not worth tokenizing.
+    if (cannot_fit(node.text, node.length)) {
+      throw Error(ErrorKind::kSchema,
+                  "parameter '" + node.name + "' has a scaffold of " +
+                      std::to_string(node.text.size()) + " bytes for a slot of " +
+                      std::to_string(node.length) + " tokens; it could never fit",
+                  node.where);
+    }
     span.tokens = encode_span(tok_, node.text);
     span.tokens.resize(node.length, filler_id(tok_));
     add_span(std::move(span));

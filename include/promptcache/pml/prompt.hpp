@@ -52,6 +52,8 @@ struct Prompt {
   std::vector<ModuleRef> modules;
   std::vector<Turn> turns;
   SourceLocation where;
+  // What was accepted leniently ('<' or '&' read as text: lenient.hpp), one per line.
+  std::vector<Warning> warnings;
 };
 
 namespace detail {
@@ -65,6 +67,7 @@ class PromptParser {
     Prompt prompt;
     prompt.file = src_.origin();
     prompt.where = src_.at(top);
+    prompt.warnings = src_.warnings();
     if (std::string(top.name()) != "prompt") {
       throw Error(ErrorKind::kPrompt,
                   "the top element must be <prompt>, not <" + std::string(top.name()) + ">",
@@ -177,8 +180,12 @@ class PromptParser {
 
 }  // namespace detail
 
+// Parses a prompt. Its elements are named after modules, so every `<name` is markup; only a '<'
+// that starts no tag at all and a stray '&' are read as text, with a warning (lenient.hpp).
 inline Prompt parse_prompt_string(const std::string& xml, const std::string& origin = "<string>") {
-  const XmlSource src(xml, origin.empty() ? "<string>" : origin);
+  const std::string name = origin.empty() ? "<string>" : origin;
+  check_source_size(xml, name);
+  const XmlSource src(xml, name);
   return detail::PromptParser(src).parse();
 }
 
@@ -202,6 +209,7 @@ struct PlacedArgument {
 
 struct ResolvedPrompt {
   std::string schema;
+  SourceLocation where;              // the prompt's <prompt> element, for errors about all of it
   std::vector<std::size_t> modules;  // selected modules in document order; the root is first
   // Selected spans in document order, parameter slots included (their value is in arguments).
   // Cacheable spans come from the cache; the others are computed fresh at their positions.
@@ -232,6 +240,7 @@ class Resolver {
                   prompt.where);
     }
     out_.schema = prompt.schema;
+    out_.where = prompt.where;
     out_.union_choice.assign(layout_.unions.size(), std::nullopt);
     selected_.assign(layout_.modules.size(), false);
     selected_[0] = true;
@@ -327,6 +336,18 @@ class Resolver {
     arg.begin = span.begin;
     if (const Argument* given = given_[s]) {
       arg.where = given->where;
+      // Refused by its size before tokenizing when no tokenizer could fit it (limits.hpp): a
+      // 1 GB argument costs a scan of the first slot x 256 bytes, not a tokenization.
+      if (cannot_fit(given->value, span.size())) {
+        throw Error(ErrorKind::kArgumentTooLong,
+                    "argument for parameter '" + span.parameter + "' of module '" +
+                        layout_.modules[span.module].path + "' is " +
+                        std::to_string(given->value.size()) + " bytes, more than a parameter of " +
+                        std::to_string(span.size()) +
+                        " tokens can hold (no tokenizer packs more than " +
+                        std::to_string(kMaxBytesPerToken) + " bytes into a token)",
+                    given->where);
+      }
       arg.tokens = encode_span(tok_, given->value);
       if (arg.tokens.size() > span.size()) {
         throw Error(ErrorKind::kArgumentTooLong,
@@ -349,6 +370,23 @@ class Resolver {
     out_.text_tokens.insert(out_.text_tokens.end(), ids.begin(), ids.end());
   }
 
+  // With a context limit (Layout::max_positions), Error(kContextOverflow) before tokenizing a
+  // turn that certainly cannot fit in the positions left (limits.hpp).
+  void check_text_room(const std::string& text, const SourceLocation& where) const {
+    const std::size_t limit = layout_.max_positions;
+    if (limit == 0) return;
+    const std::size_t used = out_.text_begin + out_.text_tokens.size();
+    const std::size_t left = used < limit ? limit - used : 0;
+    if (!cannot_fit(text, left)) return;
+    throw Error(ErrorKind::kContextOverflow,
+                "the prompt's text of " + std::to_string(text.size()) +
+                    " bytes cannot fit in the " + std::to_string(left) +
+                    " positions left of the model's context of " + std::to_string(limit) +
+                    " (no tokenizer packs more than " + std::to_string(kMaxBytesPerToken) +
+                    " bytes into a token); it was not tokenized",
+                where);
+  }
+
   void encode_turns(const Prompt& prompt) {
     const ChatTemplate& tmpl = layout_.chat_template;
     std::optional<ChatRole> previous;
@@ -356,6 +394,7 @@ class Resolver {
       if (layout_.spans[s].kind == SpanKind::kTemplate) previous = layout_.spans[s].role;
     }
     for (const Turn& turn : prompt.turns) {
+      check_text_room(turn.text, turn.where);
       if (!turn.role) {
         append(encode_span(tok_, turn.text));
         continue;
@@ -369,6 +408,7 @@ class Resolver {
     if (!prompt.turns.empty() && prompt.turns.back().role == ChatRole::kUser) {
       append(tmpl.encode(tok_, tmpl.generation_prompt));
     }
+    // Whether the tokens fit is the engine's to check (it knows a batch's rows).
   }
 
   const Layout& layout_;

@@ -15,6 +15,7 @@
 // Header-only, no LibTorch.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <set>
 #include <string>
@@ -70,7 +71,15 @@ struct Schema {
   std::string name;  // the <schema name>
   std::string file;  // origin: path or the name given to parse_schema_string
   Node root;         // kModule named after the schema
+  // What was accepted leniently ('<' and '&' read as text: lenient.hpp), one per line.
+  std::vector<Warning> warnings;
 };
+
+// The element names of a schema: a tag with another name that is never closed is text
+// (lenient.hpp, rule 5), so code like `#include <vector>` can stand in module text.
+inline RepairOptions schema_repair_options() {
+  return RepairOptions{{"schema", "module", "union", "parameter", "system", "user", "assistant"}};
+}
 
 // Names a module may not have: prompts use <system>/<user>/<assistant> as turns.
 inline bool is_reserved_module_name(const std::string& name) {
@@ -98,6 +107,7 @@ class SchemaParser {
     schema.root.kind = NodeKind::kModule;
     schema.root.name = schema.name;
     schema.root.where = src_.at(top);
+    schema.warnings = src_.warnings();
     Scope scope;
     parse_children(top, schema.root.children, scope, /*in_root=*/true, /*in_chat=*/false);
     if (!has_content(schema.root)) {
@@ -250,7 +260,8 @@ class SchemaParser {
       text.kind = NodeKind::kText;
       try {
         text.text = compact_whitespace(read_text_file(path));
-      } catch (const Error&) {
+      } catch (const Error& e) {
+        if (e.kind() != ErrorKind::kIo) throw Error(e.kind(), e.message(), where);
         throw Error(ErrorKind::kIo,
                     "cannot read src file '" + module.src + "' (looked for " + path + ")", where);
       }
@@ -327,16 +338,27 @@ class SchemaParser {
                   param.where);
     }
     const std::string value = length.value();
-    const bool digits =
-        !value.empty() && value.size() <= 7 &&
-        std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; });
-    param.length = digits ? std::stoul(value) : 0;
-    if (param.length == 0) {
+    const bool digits = !value.empty() && std::all_of(value.begin(), value.end(),
+                                                      [](char c) { return c >= '0' && c <= '9'; });
+    // Read without overflow: anything past the limit is refused whatever its size.
+    std::size_t parsed = 0;
+    for (char c : digits ? value : std::string()) {
+      parsed = std::min(parsed * 10 + static_cast<std::size_t>(c - '0'), kMaxParameterLength + 1);
+    }
+    if (parsed == 0) {
       throw Error(ErrorKind::kSchema,
                   "parameter '" + param.name +
                       "' length must be a positive integer (tokens), not \"" + value + "\"",
                   param.where);
     }
+    if (parsed > kMaxParameterLength) {
+      throw Error(ErrorKind::kSchema,
+                  "parameter '" + param.name + "' length " + value + " is more than the " +
+                      std::to_string(kMaxParameterLength) +
+                      " positions a parameter may reserve (no model has a context that long)",
+                  param.where);
+    }
+    param.length = parsed;
     param.text = element.attribute("scaffold").value();
     return param;
   }
@@ -348,10 +370,13 @@ class SchemaParser {
 }  // namespace detail
 
 // Parses and validates schema XML. origin names the input in errors ("<string>" if empty);
-// src attributes resolve relative to base_dir (the current directory if empty).
+// src attributes resolve relative to base_dir (the current directory if empty). A '<' or '&'
+// that starts no markup is read as text with a warning (Schema::warnings; lenient.hpp).
 inline Schema parse_schema_string(const std::string& xml, const std::string& origin = "<string>",
                                   const std::string& base_dir = "") {
-  const XmlSource src(xml, origin.empty() ? "<string>" : origin);
+  const std::string name = origin.empty() ? "<string>" : origin;
+  check_source_size(xml, name);
+  const XmlSource src(xml, name, schema_repair_options());
   return detail::SchemaParser(src, base_dir).parse();
 }
 

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -18,6 +19,8 @@
 
 #include "promptcache/error.hpp"
 #include "promptcache/model/tokenizer.hpp"
+#include "promptcache/pml/lenient.hpp"
+#include "promptcache/pml/limits.hpp"
 
 namespace promptcache::pml {
 
@@ -92,16 +95,34 @@ inline bool is_xml_name(std::string_view name) {
   return true;
 }
 
-// Reads a whole file; Error(kIo) naming the file (and `where`, if given) when it cannot.
+// Reads a whole file; Error(kIo) naming the file (and `where`, if given) when it cannot, and
+// Error(kInvalidArgument) without reading it when it is larger than kMaxSourceFileBytes (a
+// schema, prompt or src file that size is a mistake, and reading it could exhaust memory).
 inline std::string read_text_file(const std::string& path, SourceLocation where = {}) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    if (where.file.empty()) where.file = path;
-    throw Error(ErrorKind::kIo, "cannot read file '" + path + "'", std::move(where));
+  if (where.file.empty()) where.file = path;
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) throw Error(ErrorKind::kIo, "cannot read file '" + path + "'", std::move(where));
+  const std::streamoff size = in.tellg();
+  if (size > 0 && static_cast<std::uint64_t>(size) > kMaxSourceFileBytes) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "file '" + path + "' is " + std::to_string(size) + " bytes, more than the " +
+                    std::to_string(kMaxSourceFileBytes >> 20) + " MiB a PML input may have",
+                std::move(where));
   }
+  in.seekg(0);
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+// Refuses (kInvalidArgument) an XML text larger than kMaxSourceFileBytes before parsing it.
+inline void check_source_size(const std::string& xml, const std::string& origin) {
+  if (xml.size() > kMaxSourceFileBytes) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "the XML text is " + std::to_string(xml.size()) + " bytes, more than the " +
+                    std::to_string(kMaxSourceFileBytes >> 20) + " MiB a PML input may have",
+                SourceLocation{origin, 0, 0, {}});
+  }
 }
 
 // Joins a directory and a relative path ("" or absolute paths pass through).
@@ -116,24 +137,67 @@ inline std::string parent_dir(const std::string& path) {
   return slash == std::string::npos ? std::string() : path.substr(0, slash);
 }
 
+// Something the parser accepted but the author should look at (a '<' read as text, ...).
+struct Warning {
+  std::string message;
+  SourceLocation where;  // file, line, column of the first character concerned, element
+
+  // "FILE:LINE: message (in <element>)": what the CLI prints after "warning: ".
+  std::string render() const {
+    std::string out;
+    if (!where.file.empty()) {
+      out += where.file;
+      if (where.line > 0) out += ":" + std::to_string(where.line);
+      out += ": ";
+    }
+    out += message;
+    if (!where.element.empty()) out += " (in " + where.element + ")";
+    return out;
+  }
+};
+
 // A parsed XML document together with its source text, so that node offsets become line:column.
 class XmlSource {
  public:
+  // At most this many warnings are listed (one per line); the rest are counted in a last one.
+  static constexpr std::size_t kMaxWarnings = 100;
+
   // Parses text (pugixml parse_default | parse_ws_pcdata: whitespace-only text nodes are kept,
-  // comments and declarations are skipped). Error(kXmlSyntax) with line:column on malformed XML.
-  XmlSource(std::string text, std::string origin)
+  // comments and declarations are skipped) after repair_stray_markup(text, repair) has escaped
+  // the '<' and '&' that start no markup (lenient.hpp); each becomes a warning. Lines, columns
+  // and offsets everywhere refer to the text as given. Error(kXmlSyntax) with line:column on
+  // malformed XML.
+  XmlSource(std::string text, std::string origin, const RepairOptions& repair = {})
       : text_(std::move(text)), origin_(std::move(origin)) {
     std::size_t pos = 0;
     line_starts_.push_back(0);
     while ((pos = text_.find('\n', pos)) != std::string::npos) line_starts_.push_back(++pos);
+    repaired_ = repair_stray_markup(text_, repair);
+    if (repaired_.too_many) {
+      const auto offset = static_cast<std::ptrdiff_t>(repaired_.too_many_offset);
+      throw Error(ErrorKind::kXmlSyntax,
+                  "more than " + std::to_string(RepairedText::kMaxRepairs) +
+                      " '<' or '&' would have to be read as text: this is not a PML document",
+                  at_offset_original(offset, element_before(offset)));
+    }
+    if (!repaired_.unterminated_what.empty()) {
+      // Where it opens, rather than at the end of the text where pugixml would notice.
+      const auto offset = static_cast<std::ptrdiff_t>(repaired_.unterminated_offset);
+      throw Error(ErrorKind::kXmlSyntax,
+                  "malformed XML: " + repaired_.unterminated_what + " (it is never closed)",
+                  at_offset_original(offset, element_before(offset)));
+    }
+    // pugixml parses the repaired copy in place: no third copy of a large document.
     const pugi::xml_parse_result result =
-        doc_.load_buffer(text_.data(), text_.size(), pugi::parse_default | pugi::parse_ws_pcdata,
-                         pugi::encoding_utf8);
+        doc_.load_buffer_inplace(repaired_.text.data(), repaired_.text.size(),
+                                 pugi::parse_default | pugi::parse_ws_pcdata, pugi::encoding_utf8);
     if (!result) {
+      const std::ptrdiff_t offset = original_offset(result.offset);
       throw Error(ErrorKind::kXmlSyntax, std::string("malformed XML: ") + result.description(),
-                  at_offset(result.offset, element_before(result.offset)));
+                  at_offset_original(offset, element_before(offset)));
     }
     check_depth();
+    make_warnings();
   }
 
   // Elements may nest at most this deep. The schema and prompt readers, the layout and the
@@ -145,15 +209,21 @@ class XmlSource {
 
   const pugi::xml_document& document() const { return doc_; }
   const std::string& origin() const { return origin_; }
+  // The characters read as text, one warning per line (at most kMaxWarnings, then a count).
+  const std::vector<Warning>& warnings() const { return warnings_; }
 
-  // The tag that opens most recently before offset ("<module>"), to name the element a syntax
-  // error is in; "" when there is none.
+  // The tag that opens most recently before offset (in the text as given) ("<module>"), to name
+  // the element a syntax error is in; "" when there is none. A '<' read as text is no tag.
   std::string element_before(std::ptrdiff_t offset) const {
     if (offset < 0) return "";
     std::size_t pos = std::min(static_cast<std::size_t>(offset), text_.size());
     while (pos > 0) {
       pos = text_.rfind('<', pos - 1);
       if (pos == std::string::npos) return "";
+      if (repaired_.repaired_at(pos)) {
+        if (pos == 0) break;
+        continue;
+      }
       std::size_t e = pos + 1;
       if (e < text_.size() && text_[e] == '/') ++e;
       const std::size_t b = e;
@@ -168,8 +238,14 @@ class XmlSource {
     return "";
   }
 
-  // The location of a byte offset (1-based line and column; column counts bytes).
+  // The location of a byte offset of the parsed (repaired) text, as pugixml reports offsets
+  // (1-based line and column of the text as given; column counts bytes).
   SourceLocation at_offset(std::ptrdiff_t offset, std::string element) const {
+    return at_offset_original(original_offset(offset), std::move(element));
+  }
+
+  // The location of a byte offset of the text as given.
+  SourceLocation at_offset_original(std::ptrdiff_t offset, std::string element) const {
     SourceLocation where{origin_, 0, 0, std::move(element)};
     if (offset < 0) return where;
     const auto off = static_cast<std::size_t>(offset);
@@ -197,6 +273,48 @@ class XmlSource {
   }
 
  private:
+  std::ptrdiff_t original_offset(std::ptrdiff_t offset) const {
+    if (offset < 0) return offset;
+    return static_cast<std::ptrdiff_t>(repaired_.original_offset(static_cast<std::size_t>(offset)));
+  }
+
+  // One warning per line with repaired characters, naming each (at most kMaxPerLine) with its
+  // column; at most kMaxWarnings lines, then one warning counting the rest.
+  void make_warnings() {
+    static constexpr std::size_t kMaxPerLine = 8;
+    const auto& listed = repaired_.listed;
+    std::size_t i = 0, lines = 0;
+    while (i < listed.size()) {
+      const SourceLocation first =
+          at_offset_original(static_cast<std::ptrdiff_t>(listed[i].offset), listed[i].element);
+      if (++lines > kMaxWarnings) break;
+      std::string message = "read as text, not markup:";
+      bool less = false, amp = false;
+      std::size_t on_line = 0;
+      for (; i < listed.size(); ++i, ++on_line) {
+        const SourceLocation at =
+            at_offset_original(static_cast<std::ptrdiff_t>(listed[i].offset), "");
+        if (at.line != first.line) break;
+        (listed[i].character == '<' ? less : amp) = true;
+        if (on_line >= kMaxPerLine) continue;
+        message += std::string(message.back() == ':' ? " " : "; ") + "'" + listed[i].character +
+                   "' at column " + std::to_string(at.column) + " (" + listed[i].reason + ")";
+      }
+      if (on_line > kMaxPerLine) {
+        message += "; and " + std::to_string(on_line - kMaxPerLine) + " more on this line";
+      }
+      message += std::string("; write ") + (less ? "&lt;" : "") + (less && amp ? " and " : "") +
+                 (amp ? "&amp;" : "") + " to say it is text";
+      warnings_.push_back({std::move(message), first});
+    }
+    if (i < repaired_.count()) {
+      const std::size_t k = i;
+      warnings_.push_back(
+          {std::to_string(repaired_.count() - k) + " more '<' or '&' read as text (not listed)",
+           at_offset_original(static_cast<std::ptrdiff_t>(repaired_.offset_of(k)), "")});
+    }
+  }
+
   // Error(kXmlSyntax) at the first element nested deeper than kMaxDepth. Walks the tree with
   // pugixml's sibling/parent links, without recursion.
   void check_depth() const {
@@ -222,9 +340,11 @@ class XmlSource {
     }
   }
 
-  std::string text_;
+  std::string text_;  // as given
   std::string origin_;
   std::vector<std::size_t> line_starts_;
+  RepairedText repaired_;  // what pugixml parses (in place)
+  std::vector<Warning> warnings_;
   pugi::xml_document doc_;
 };
 
