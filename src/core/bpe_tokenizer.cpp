@@ -1101,6 +1101,11 @@ std::unique_ptr<Tokenizer> load_bpe_tokenizer(const std::string& tokenizer_json_
     const auto [line, column] = line_column(text, e.byte > 0 ? e.byte - 1 : 0);
     throw Error(ErrorKind::kTokenizer, std::string("invalid JSON: ") + e.what(),
                 {tokenizer_json_path, line, column});
+  } catch (const json::exception& e) {
+    // Not only parse_error: a number too large for a double ("1e400") is out_of_range (found
+    // by fuzzing; it escaped as a non-promptcache exception).
+    throw Error(ErrorKind::kTokenizer, std::string("invalid JSON: ") + e.what(),
+                {tokenizer_json_path});
   }
   auto tokenizer = std::make_unique<BpeTokenizer>(root, JsonReader(tokenizer_json_path));
   const fs::path folder = fs::path(tokenizer_json_path).parent_path();

@@ -112,7 +112,21 @@ struct Piece {
   std::string text;
   float score = 0;
   int type = kNormal;
+  int byte = -1;  // kByte: the byte it stands for (checked at load)
 };
+
+// The byte of a byte piece "<0xHH>", or -1 when the text is not of that form.
+int byte_of_piece(const std::string& text) {
+  auto hex = [](char c) {
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                  : -1;
+  };
+  if (text.size() != 6 || text.compare(0, 3, "<0x") != 0 || text[5] != '>') return -1;
+  const int hi = hex(text[3]), lo = hex(text[4]);
+  return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
+}
 
 std::size_t utf8_length(unsigned char lead) {
   if (lead < 0x80) return 1;
@@ -226,16 +240,38 @@ class SentencePieceTokenizer final : public Tokenizer {
     for (int32_t* id : {&unk_id_, &bos_id_, &eos_id_, &pad_id_}) {
       if (*id < 0 || *id >= static_cast<int32_t>(pieces_.size())) *id = -1;
     }
+    // encode() gives unk for text no piece spells, so a model must have one: without it encode()
+    // returned -1 ids, which the model's embedding cannot take (found by fuzzing). As
+    // SentencePiece does, the unk is the UNKNOWN piece when the trainer spec names none;
+    // a model with neither is refused ("unk is not defined" in SentencePiece).
+    if (unk_id_ < 0) {
+      for (std::size_t i = 0; i < pieces_.size() && unk_id_ < 0; ++i) {
+        if (pieces_[i].type == kUnknown) unk_id_ = static_cast<int32_t>(i);
+      }
+      if (unk_id_ < 0) {
+        throw Error(ErrorKind::kTokenizer, "SentencePiece model defines no unk piece", {origin});
+      }
+    }
     for (std::size_t i = 0; i < pieces_.size(); ++i) {
-      const Piece& p = pieces_[i];
+      Piece& p = pieces_[i];
+      // A byte piece must read "<0xHH>": the text used to go to std::stoi unchecked, so a
+      // corrupt model threw std::invalid_argument, and "<0x-1>" wrote byte_ids_[-1] (found by
+      // fuzzing).
+      if (p.type == kByte) {
+        p.byte = byte_of_piece(p.text);
+        if (p.byte < 0) {
+          throw Error(
+              ErrorKind::kTokenizer,
+              "SentencePiece byte piece " + std::to_string(i) + " is not of the form <0xHH>",
+              {origin});
+        }
+      }
       all_.emplace(p.text, static_cast<TokenId>(i));
       if (p.type == kNormal || p.type == kUserDefined || p.type == kUnused) {
         mergeable_.emplace(p.text, static_cast<TokenId>(i));
       }
       if (p.type == kUserDefined) user_defined_.push_back(p.text);
-      if (p.type == kByte && p.text.size() == 6) {
-        byte_ids_[std::stoi(p.text.substr(3, 2), nullptr, 16)] = static_cast<TokenId>(i);
-      }
+      if (p.type == kByte) byte_ids_[p.byte] = static_cast<TokenId>(i);
     }
     // Longest first, so prefix matching takes the longest user-defined symbol.
     std::sort(user_defined_.begin(), user_defined_.end(),
@@ -265,7 +301,7 @@ class SentencePieceTokenizer final : public Tokenizer {
       const Piece& p = pieces_[id];
       if (p.type == kControl) continue;
       if (p.type == kByte) {
-        bytes += static_cast<char>(std::stoi(p.text.substr(3, 2), nullptr, 16));
+        bytes += static_cast<char>(p.byte);
         continue;
       }
       flush_bytes();
@@ -285,8 +321,7 @@ class SentencePieceTokenizer final : public Tokenizer {
     if (id < 0 || id >= static_cast<TokenId>(pieces_.size())) return "";
     const Piece& p = pieces_[id];
     if (p.type == kControl) return "";
-    if (p.type == kByte)
-      return std::string(1, static_cast<char>(std::stoi(p.text.substr(3, 2), nullptr, 16)));
+    if (p.type == kByte) return std::string(1, static_cast<char>(p.byte));
     if (p.type == kUnknown) return " \xE2\x81\x87 ";
     return unescape(p.text);
   }

@@ -1,0 +1,20 @@
+# tests/fuzz/entries.cmake — the fuzz entry functions (fuzz_entries.hpp) as three small
+# libraries, by what they link: PML only, promptcache_core (tokenizers), LibTorch (safetensors,
+# cache files). Included by tests/CMakeLists.txt (the fuzz_replay test, regular compiler) and by
+# tests/fuzz/CMakeLists.txt (the libFuzzer targets, -DPROMPTCACHE_FUZZ=ON).
+if(NOT TARGET promptcache_fuzz_pml)
+  set(PROMPTCACHE_FUZZ_SOURCE_DIR ${PROJECT_SOURCE_DIR}/tests/fuzz)
+  add_library(promptcache_fuzz_pml STATIC ${PROMPTCACHE_FUZZ_SOURCE_DIR}/entries_pml.cpp)
+  target_link_libraries(promptcache_fuzz_pml PUBLIC promptcache_pml)
+  add_library(promptcache_fuzz_tokenizer STATIC ${PROMPTCACHE_FUZZ_SOURCE_DIR}/entries_tokenizer.cpp)
+  target_link_libraries(promptcache_fuzz_tokenizer PUBLIC promptcache_core)
+  add_library(promptcache_fuzz_model STATIC ${PROMPTCACHE_FUZZ_SOURCE_DIR}/entries_model.cpp)
+  target_link_libraries(promptcache_fuzz_model PUBLIC promptcache)
+  target_include_directories(promptcache_fuzz_model PRIVATE ${XXHASH_INCLUDE_DIR})
+  foreach(kind pml tokenizer model)
+    # Entries include "fuzz/fuzz_entries.hpp" and the PML tests' "pml/fake_tokenizer.hpp".
+    target_include_directories(promptcache_fuzz_${kind} PUBLIC ${PROJECT_SOURCE_DIR}/tests)
+    target_compile_options(promptcache_fuzz_${kind} PRIVATE -Wall -Wextra)
+  endforeach()
+endif()
+set(PROMPTCACHE_FUZZ_TARGETS schema prompt tokenizer_json sentencepiece safetensors cache_file)
