@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "promptcache/error.hpp"
@@ -72,19 +73,34 @@ FolderTokenConfig read_folder_token_config(const std::filesystem::path& folder) 
   if (auto gc = read_json_if_present(gc_path)) {
     const std::string file = gc_path.string();
     if (!gc->is_object()) throw Error(ErrorKind::kTokenizer, "expected a JSON object", {file});
+    out.generation_config_file = file;
+    // An id must fit a TokenId: get<TokenId>() would wrap 4294967297 to 1.
+    auto token_id = [&](const json& id, const char* field) {
+      if (!id.is_number_integer() || id.get<long long>() < 0 ||
+          id.get<long long>() > std::numeric_limits<TokenId>::max() ||
+          (id.is_number_unsigned() &&
+           id.get<unsigned long long>() >
+               static_cast<unsigned long long>(std::numeric_limits<TokenId>::max()))) {
+        throw Error(ErrorKind::kTokenizer, "expected a token id (a non-negative integer)",
+                    {file, 0, 0, field});
+      }
+      return static_cast<TokenId>(id.get<long long>());
+    };
     auto bos = gc->find("bos_token_id");
-    if (bos != gc->end() && bos->is_number_integer()) out.generation_bos_id = bos->get<TokenId>();
+    if (bos != gc->end() && bos->is_number_integer()) {
+      out.generation_bos_id = token_id(*bos, "bos_token_id");
+    }
     auto eos = gc->find("eos_token_id");
     if (eos != gc->end() && !eos->is_null()) {
       if (eos->is_number_integer()) {
-        out.generation_eos_ids.push_back(eos->get<TokenId>());
+        out.generation_eos_ids.push_back(token_id(*eos, "eos_token_id"));
       } else if (eos->is_array()) {
         for (const auto& id : *eos) {
           if (!id.is_number_integer()) {
             throw Error(ErrorKind::kTokenizer, "expected an integer id or a list of them",
                         {file, 0, 0, "eos_token_id"});
           }
-          out.generation_eos_ids.push_back(id.get<TokenId>());
+          out.generation_eos_ids.push_back(token_id(id, "eos_token_id"));
         }
       } else {
         throw Error(ErrorKind::kTokenizer, "expected an integer id or a list of them",
@@ -97,7 +113,20 @@ FolderTokenConfig read_folder_token_config(const std::filesystem::path& folder) 
 
 SpecialIds resolve_special_ids(const FolderTokenConfig& config, SpecialIds guess,
                                const std::function<TokenId(const std::string&)>& lookup,
-                               const std::vector<std::string>& end_of_turn_names) {
+                               const std::vector<std::string>& end_of_turn_names,
+                               std::size_t vocab_size) {
+  // generation_config.json gives bare ids: one outside the vocabulary became the BOS put before
+  // every prompt (or an EOS), an id the model's embedding cannot take (found with the fuzz
+  // harness's invariant that special ids are vocabulary ids).
+  auto check_id = [&](TokenId id, const char* field) {
+    if (id >= 0 && static_cast<std::size_t>(id) < vocab_size) return;
+    throw Error(ErrorKind::kTokenizer,
+                "token id " + std::to_string(id) + " is outside the vocabulary (" +
+                    std::to_string(vocab_size) + " tokens)",
+                {config.generation_config_file, 0, 0, field});
+  };
+  if (config.generation_bos_id) check_id(*config.generation_bos_id, "bos_token_id");
+  for (TokenId id : config.generation_eos_ids) check_id(id, "eos_token_id");
   SpecialIds ids = guess;
   // A named token the vocabulary lacks keeps the tokenizer's own id; an explicit null clears it.
   auto apply = [&](const std::optional<std::optional<std::string>>& field, TokenId& id) {

@@ -19,6 +19,7 @@ struct FolderTokenConfig {
   std::optional<bool> add_bos_token;
   std::optional<TokenId> generation_bos_id;
   std::vector<TokenId> generation_eos_ids;  // eos_token_id: an int or a list
+  std::string generation_config_file;       // its path, when the folder has one (for errors)
 };
 
 // Reads `folder`/tokenizer_config.json and `folder`/generation_config.json where they exist.
@@ -34,10 +35,12 @@ struct SpecialIds {
 // The tokenizer's own ids (`guess`) overridden by what the folder's files say. `lookup` gives the
 // id of a token string (-1 when unknown); `end_of_turn_names` are added to end_of_turn where
 // lookup finds them. adds_bos: add_bos_token when given, else guess.adds_bos, and never without
-// a BOS id.
+// a BOS id. Error(kTokenizer) naming generation_config.json when an id it gives is not below
+// vocab_size.
 SpecialIds resolve_special_ids(const FolderTokenConfig& config, SpecialIds guess,
                                const std::function<TokenId(const std::string&)>& lookup,
-                               const std::vector<std::string>& end_of_turn_names);
+                               const std::vector<std::string>& end_of_turn_names,
+                               std::size_t vocab_size);
 
 // Chat-format tokens that end a turn: ChatML (Qwen), Llama 3's two, and GPT-style end of text.
 const std::vector<std::string>& end_of_turn_token_names();

@@ -55,7 +55,7 @@ std::unique_ptr<Tokenizer> load_sentencepiece_with_config(const std::filesystem:
   const Tokenizer& t = *inner;
   auto ids = detail::resolve_special_ids(
       config, guess, [&t](const std::string& piece) { return t.piece_to_id(piece); },
-      detail::end_of_turn_token_names());
+      detail::end_of_turn_token_names(), t.vocab_size());
   return std::make_unique<ConfiguredTokenizer>(std::move(inner), std::move(ids));
 }
 
