@@ -21,7 +21,8 @@ namespace promptcache::bench {
 inline std::unique_ptr<Engine> synthetic_engine(const std::string& program,
                                                 const std::string& shape, const std::string& device,
                                                 const std::string& dtype,
-                                                const std::string& weights = "") {
+                                                const std::string& weights = "",
+                                                const std::string& kv_dtype = "") {
   const ModelConfig config = synthetic_config(shape);
   std::cerr << program << ": making " << shape << " model and tokenizer...\n";
   EngineOptions options;
@@ -29,6 +30,7 @@ inline std::unique_ptr<Engine> synthetic_engine(const std::string& program,
   options.load.device = parse_device(device);
   options.load.dtype = parse_dtype(dtype);
   if (!weights.empty()) options.load.weights = parse_weight_dtype(weights);
+  if (!kv_dtype.empty()) options.load.kv_dtype = parse_dtype(kv_dtype);
   return std::make_unique<Engine>(
       LlamaModel::from_tensors(config, random_llama_weights(config, 1, 0.02), options.load),
       bench_tokenizer(), options);
@@ -46,6 +48,7 @@ inline nlohmann::json run_facts(const Engine& engine, const std::string& device,
           {"dtype", dtype},
           {"weights", dtype_name(engine.model().weight_dtype())},
           {"weight_bytes", engine.model().weight_bytes()},
+          {"kv_dtype", dtype_name(engine.model().kv_dtype())},
           {"threads", threads.blas_threads},
           {"torch_threads", threads.torch_threads}};
 }

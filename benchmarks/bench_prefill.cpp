@@ -3,9 +3,11 @@
 //
 //   build-bench/benchmarks/bench_prefill [--tokens 16,32,...,2048] [--weights f32,bf16,f16,q8]
 //       [--shape bench-small|tinyllama-1.1b] [--threads N] [--torch-threads N] [--repeats R]
-//       [--decode-steps D] [--breakdown]
+//       [--decode-steps D] [--kv-dtype f32,bf16,f16] [--breakdown]
 //
-// One JSON line per weights dtype and token count, with the weights' resident bytes. Times are the
+// One JSON line per weights dtype, KV-cache dtype and token count, with the weights' resident
+// bytes. The decode steps run after the prefill, over its n tokens of context: with long inputs
+// they show what a bf16/f16 KV cache (half the bytes the attention reads) saves. Times are the
 // BEST of R repeats (the machine is shared with builds, so the minimum is the least disturbed
 // measurement); the median prefill time is printed too. --breakdown also times the parts of one
 // decoder layer (re-implemented here with the same LibTorch calls as src/model/llama.cpp) to show
@@ -43,6 +45,7 @@ struct Args {
   // the long inputs.
   std::vector<int64_t> tokens{16, 32, 64, 96, 128, 192, 256, 512, 1024, 2048};
   std::vector<std::string> weights{"f32"};
+  std::vector<std::string> kv_dtypes{"f32"};
   std::string shape = "bench-small";
   int threads = 0;
   int torch_threads = 0;
@@ -55,7 +58,8 @@ struct Args {
   std::cerr << "bench_prefill: " << problem
             << "\nusage: bench_prefill [--tokens 16,32,64,96,128,192,256,512,1024,2048] "
                "[--weights f32,bf16,f16,q8] [--shape bench-small|tinyllama-1.1b] [--threads N] "
-               "[--torch-threads N] [--repeats R] [--decode-steps D] [--breakdown]\n";
+               "[--torch-threads N] [--repeats R] [--decode-steps D] [--kv-dtype f32,bf16,f16] "
+               "[--breakdown]\n";
   std::exit(2);
 }
 
@@ -97,6 +101,19 @@ Args parse_args(int argc, char** argv) {
         a.weights.push_back(item);
       }
       if (a.weights.empty()) usage("--weights needs at least one dtype");
+    } else if (flag == "--kv-dtype") {
+      a.kv_dtypes.clear();
+      std::stringstream ss(value);
+      std::string item;
+      while (std::getline(ss, item, ',')) {
+        try {
+          pc::parse_dtype(item);
+        } catch (const std::exception& e) {
+          usage(std::string("--kv-dtype: ") + e.what());
+        }
+        a.kv_dtypes.push_back(item);
+      }
+      if (a.kv_dtypes.empty()) usage("--kv-dtype needs at least one dtype");
     } else if (flag == "--shape") {
       a.shape = value;
     } else if (flag == "--threads") {
@@ -274,67 +291,72 @@ int main(int argc, char** argv) {
   const pc::ModelConfig config = pc::synthetic_config(args.shape);
   const auto weights = pc::random_llama_weights(config, /*seed=*/1, 0.02);
   for (const std::string& weights_dtype : args.weights) {
-    pc::LoadOptions load;
-    load.weights = pc::parse_weight_dtype(weights_dtype);
-    std::cerr << "bench_prefill: " << args.shape << " with " << weights_dtype << " weights\n";
-    const auto model = pc::LlamaModel::from_tensors(config, weights, load);
+    for (const std::string& kv_dtype : args.kv_dtypes) {
+      pc::LoadOptions load;
+      load.weights = pc::parse_weight_dtype(weights_dtype);
+      load.kv_dtype = pc::parse_dtype(kv_dtype);
+      std::cerr << "bench_prefill: " << args.shape << " with " << weights_dtype
+                << " weights, KV cache in " << kv_dtype << "\n";
+      const auto model = pc::LlamaModel::from_tensors(config, weights, load);
 
-    torch::manual_seed(0);
-    const int64_t max_n = *std::max_element(args.tokens.begin(), args.tokens.end());
-    const auto all_ids =
-        torch::randint(0, config.vocab_size, {1, max_n + args.decode_steps}, torch::kInt64);
-    const auto all_pos = torch::arange(max_n + args.decode_steps, torch::kInt64).unsqueeze(0);
+      torch::manual_seed(0);
+      const int64_t max_n = *std::max_element(args.tokens.begin(), args.tokens.end());
+      const auto all_ids =
+          torch::randint(0, config.vocab_size, {1, max_n + args.decode_steps}, torch::kInt64);
+      const auto all_pos = torch::arange(max_n + args.decode_steps, torch::kInt64).unsqueeze(0);
 
-    // Warm-up: one small prefill + decode step (thread pools, allocator, BLAS buffers).
-    {
-      auto cache = model->make_cache(128 + 1);
-      model->forward(all_ids.narrow(1, 0, std::min<int64_t>(128, max_n)),
-                     all_pos.narrow(1, 0, std::min<int64_t>(128, max_n)), cache);
-      gemm_gflops(128, config.hidden_size, config.intermediate_size);
-    }
-
-    for (const int64_t n : args.tokens) {
-      const double gemm = gemm_gflops(n, config.hidden_size, config.intermediate_size);
-      auto cache = model->make_cache(n + args.decode_steps);
-      std::vector<double> prefill_ms, decode_ms;
-      for (int r = 0; r < args.repeats; ++r) {
-        cache.clear();
-        const double t0 = pc::now_ms();
-        auto logits = model->forward(all_ids.narrow(1, 0, n), all_pos.narrow(1, 0, n), cache);
-        prefill_ms.push_back(pc::now_ms() - t0);
-        if (args.decode_steps > 0) {
-          const double t1 = pc::now_ms();
-          for (int s = 0; s < args.decode_steps; ++s) {
-            logits =
-                model->forward(all_ids.narrow(1, n + s, 1), all_pos.narrow(1, n + s, 1), cache);
-          }
-          decode_ms.push_back(pc::now_ms() - t1);
-        }
+      // Warm-up: one small prefill + decode step (thread pools, allocator, BLAS buffers).
+      {
+        auto cache = model->make_cache(128 + 1);
+        model->forward(all_ids.narrow(1, 0, std::min<int64_t>(128, max_n)),
+                       all_pos.narrow(1, 0, std::min<int64_t>(128, max_n)), cache);
+        gemm_gflops(128, config.hidden_size, config.intermediate_size);
       }
-      const double ms = pc::bench::best_time(prefill_ms);
-      const double gflops = model->prefill_flops(n) / (ms * 1e-3) / 1e9;
-      ordered_json j;
-      j["bench"] = "prefill";
-      j["shape"] = args.shape;
-      j["weights"] = weights_dtype;
-      j["weight_bytes"] = model->weight_bytes();
-      j["tokens"] = n;
-      j["prefill_ms"] = ms;
-      j["prefill_tokens_per_s"] = n / (ms * 1e-3);
-      j["prefill_gflops"] = gflops;
-      j["gemm_gflops"] = gemm;
-      j["ratio_to_gemm"] = gflops / gemm;
-      j["decode_tokens_per_s"] = args.decode_steps > 0
-                                     ? args.decode_steps / (pc::bench::best_time(decode_ms) * 1e-3)
-                                     : 0.0;
-      j["threads"] = applied.openblas ? applied.blas_threads : applied.torch_threads;
-      j["torch_threads"] = applied.torch_threads;
-      j["openblas"] = applied.openblas;
-      j["statistic"] = "best_of_" + std::to_string(args.repeats);
-      j["prefill_ms_median"] = pc::bench::median_time(prefill_ms);
-      std::cout << j.dump() << std::endl;
-      if (args.breakdown)
-        std::cout << layer_breakdown(config, weights, n, args.repeats).dump() << std::endl;
+
+      for (const int64_t n : args.tokens) {
+        const double gemm = gemm_gflops(n, config.hidden_size, config.intermediate_size);
+        auto cache = model->make_cache(n + args.decode_steps);
+        std::vector<double> prefill_ms, decode_ms;
+        for (int r = 0; r < args.repeats; ++r) {
+          cache.clear();
+          const double t0 = pc::now_ms();
+          auto logits = model->forward(all_ids.narrow(1, 0, n), all_pos.narrow(1, 0, n), cache);
+          prefill_ms.push_back(pc::now_ms() - t0);
+          if (args.decode_steps > 0) {
+            const double t1 = pc::now_ms();
+            for (int s = 0; s < args.decode_steps; ++s) {
+              logits =
+                  model->forward(all_ids.narrow(1, n + s, 1), all_pos.narrow(1, n + s, 1), cache);
+            }
+            decode_ms.push_back(pc::now_ms() - t1);
+          }
+        }
+        const double ms = pc::bench::best_time(prefill_ms);
+        const double gflops = model->prefill_flops(n) / (ms * 1e-3) / 1e9;
+        ordered_json j;
+        j["bench"] = "prefill";
+        j["shape"] = args.shape;
+        j["weights"] = weights_dtype;
+        j["weight_bytes"] = model->weight_bytes();
+        j["kv_dtype"] = kv_dtype;
+        j["tokens"] = n;
+        j["prefill_ms"] = ms;
+        j["prefill_tokens_per_s"] = n / (ms * 1e-3);
+        j["prefill_gflops"] = gflops;
+        j["gemm_gflops"] = gemm;
+        j["ratio_to_gemm"] = gflops / gemm;
+        j["decode_tokens_per_s"] =
+            args.decode_steps > 0 ? args.decode_steps / (pc::bench::best_time(decode_ms) * 1e-3)
+                                  : 0.0;
+        j["threads"] = applied.openblas ? applied.blas_threads : applied.torch_threads;
+        j["torch_threads"] = applied.torch_threads;
+        j["openblas"] = applied.openblas;
+        j["statistic"] = "best_of_" + std::to_string(args.repeats);
+        j["prefill_ms_median"] = pc::bench::median_time(prefill_ms);
+        std::cout << j.dump() << std::endl;
+        if (args.breakdown)
+          std::cout << layer_breakdown(config, weights, n, args.repeats).dump() << std::endl;
+      }
     }
   }
   return 0;

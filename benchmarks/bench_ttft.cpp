@@ -18,9 +18,11 @@
 //   build/benchmarks/bench_ttft [--schema 512,1024,2048,4096] [--fresh 16,64] [--repeats 3]
 //                               [--threads N] [--shape bench-small] [--device cpu|cuda]
 //                               [--dtype f32|f16|bf16] [--weights f32|bf16|f16|q8]
-//                               [--kernels on|off|avx512|avx2,...]
-// --dtype is the compute dtype (activations, KV cache, module states); --weights the dtype the
-// weight matrices are kept in (default: --dtype; bf16/f16/q8 with f32 compute on the CPU).
+//                               [--kv-dtype f32|bf16|f16] [--kernels on|off|avx512|avx2,...]
+// --dtype is the compute dtype (activations; the KV cache and module states too unless
+// --kv-dtype); --weights the dtype the weight matrices are kept in (default: --dtype;
+// bf16/f16/q8 with f32 compute on the CPU); --kv-dtype the KV cache's and the stored states'
+// (bf16/f16 with f32 compute on the CPU: half the bytes to store, assemble and read).
 #include <torch/types.h>
 
 #include <algorithm>
@@ -58,9 +60,9 @@ struct Samples {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bench::Flags flags(
-      argc, argv, "bench_ttft",
-      {"schema", "fresh", "repeats", "threads", "shape", "device", "dtype", "weights", "kernels"});
+  const bench::Flags flags(argc, argv, "bench_ttft",
+                           {"schema", "fresh", "repeats", "threads", "shape", "device", "dtype",
+                            "weights", "kv-dtype", "kernels"});
   const auto schema_sizes = flags.list("schema", {512, 1024, 2048, 4096});
   const auto fresh_sizes = flags.list("fresh", {16, 64});
   const int repeats = flags.integer("repeats", 3), threads = flags.integer("threads", 0);
@@ -71,8 +73,8 @@ int main(int argc, char** argv) {
       "bench_ttft",
       flags.words("kernels", cpu_linear_kernel() == CpuLinearKernel::kNone ? "off" : "on"));
   select_cpu_linear(kernel_settings.front());  // for compiling
-  const auto engine_owner =
-      bench::synthetic_engine("bench_ttft", shape, device, dtype, flags.text("weights", ""));
+  const auto engine_owner = bench::synthetic_engine(
+      "bench_ttft", shape, device, dtype, flags.text("weights", ""), flags.text("kv-dtype", ""));
   Engine& engine = *engine_owner;
   const auto words = bench::corpus_words();
   const int module_tokens = 128;

@@ -24,7 +24,8 @@ struct ModelOptions {
   std::string model_dir;
   std::string device = "cpu";
   std::string dtype = "f32";
-  std::string weights;  // empty: as --dtype
+  std::string weights;   // empty: as --dtype
+  std::string kv_dtype;  // --kv-dtype; empty: the compute dtype
   int threads = 0;
 };
 void add_model_options(CLI::App& app, ModelOptions& o, bool model_required = false);

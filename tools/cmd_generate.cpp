@@ -60,6 +60,7 @@ Command register_generate(CLI::App& root) {
                                   {"decode_tokens_per_s", r.timings.decode_tokens_per_s()},
                                   {"dtype", dtype_name(model->dtype())},
                                   {"weights_dtype", dtype_name(model->weight_dtype())},
+                                  {"kv_dtype", dtype_name(model->kv_dtype())},
                                   {"weight_bytes", model->weight_bytes()}};
               std::cout << j.dump() << "\n";
             } else {

@@ -22,6 +22,7 @@ LoadOptions load_options(const ModelOptions& model) {
   load.device = parse_device(model.device);
   load.dtype = parse_dtype(model.dtype);
   if (!model.weights.empty()) load.weights = parse_weight_dtype(model.weights);
+  if (!model.kv_dtype.empty()) load.kv_dtype = parse_dtype(model.kv_dtype);
   return load;
 }
 

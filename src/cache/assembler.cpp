@@ -112,7 +112,8 @@ AssembledPrompt Assembler::assemble(const pml::ResolvedPrompt& prompt, const pml
     // (A block the cache cannot hold as it is, say one a caller built strided or put on another
     // device, is copied.)
     const torch::Tensor& block = c.states->kv;
-    if (in_place && block.is_contiguous() && block.scalar_type() == torch::kFloat32 &&
+    if (in_place && block.is_contiguous() &&
+        block.scalar_type() == c10::typeMetaToScalarType(cache.options().dtype()) &&
         block.device().is_cpu()) {
       cache.append_block(c.states->kv, positions);
       out.in_place_tokens += c.states->length();

@@ -157,6 +157,7 @@ void save_cache_file(const std::string& path, const pml::Layout& layout, const C
                                              {"layout", layout_fingerprint(layout)},
                                              {"model", model_fingerprint(model)},
                                              {"dtype", dtype_name(model.dtype())},
+                                             {"kv_dtype", dtype_name(model.kv_dtype())},
                                              {"encoding", to_string(mode)}};
   for (const auto& [name, t] : tensors) meta["xxh3." + name] = tensor_checksum(t);
   meta["metadata_xxh3"] = metadata_checksum(meta);
@@ -194,6 +195,18 @@ void load_cache_file(const std::string& path, const pml::Layout& layout, CacheSt
   expect("schema", layout.schema_name, "schema");
   expect("layout", layout_fingerprint(layout), "another version of the schema (layout");
   expect("dtype", dtype_name(model.dtype()), "dtype");
+  {
+    // Files written before the KV dtype could differ from the compute dtype have no kv_dtype:
+    // their states are in the compute dtype.
+    const auto kv = meta.find("kv_dtype");
+    const std::string file_kv = kv != meta.end() ? kv->second : meta.at("dtype");
+    if (file_kv != dtype_name(model.kv_dtype())) {
+      throw Error(ErrorKind::kCacheFile,
+                  "cache file was made for KV dtype '" + file_kv + "', not '" +
+                      dtype_name(model.kv_dtype()) + "'; delete it or compile again",
+                  {path});
+    }
+  }
   expect("encoding", to_string(mode), "encoding mode");
   expect("model", model_fingerprint(model), "another model (fingerprint");
 
@@ -226,7 +239,7 @@ void load_cache_file(const std::string& path, const pml::Layout& layout, CacheSt
     }
     // Copied off the mapping onto the model's device, so the file may be replaced later.
     SpanStates states =
-        SpanStates::from_block(torch::stack({parts[0], parts[1]}, 1).to(model.tensor_options()),
+        SpanStates::from_block(torch::stack({parts[0], parts[1]}, 1).to(model.kv_options()),
                                static_cast<int64_t>(span.begin));
     loaded.emplace(s, std::move(states));
   }

@@ -46,9 +46,30 @@ bool cpu_attention_available(int64_t head_dim) {
   return kernel_for(head_dim).fn != nullptr;
 }
 
+namespace {
+
+// The kernel's element type for keys and values of `dtype`; false for dtypes it does not read.
+bool kv_type_of(torch::Dtype dtype, kernels::KvType& kv) {
+  switch (dtype) {
+    case torch::kFloat32:
+      kv = kernels::KvType::kF32;
+      return true;
+    case torch::kBFloat16:
+      kv = kernels::KvType::kBf16;
+      return true;
+    case torch::kFloat16:
+      kv = kernels::KvType::kF16;
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
 bool cpu_attention_takes(const torch::TensorOptions& options, int64_t head_dim) {
-  return options.device().is_cpu() &&
-         c10::typeMetaToScalarType(options.dtype()) == torch::kFloat32 &&
+  kernels::KvType kv;
+  return options.device().is_cpu() && kv_type_of(c10::typeMetaToScalarType(options.dtype()), kv) &&
          cpu_attention_available(head_dim);
 }
 
@@ -84,11 +105,15 @@ torch::Tensor attend_few_queries(const torch::Tensor& qg, const std::vector<KVSe
   // Where each run's head (batch row 0, head 0) starts, and its batch and head strides (batch
   // stride 0 for a run shared by every batch row).
   struct Run {
-    const float *k, *v;
+    const char *k, *v;  // bytes: offsets below are in elements of the runs' dtype
     int64_t slots, k_batch, k_head, v_batch, v_head;
   };
   std::vector<Run> runs;
   int64_t slots = 0;
+  kernels::KvType kv = kernels::KvType::kF32;
+  const torch::Dtype kv_dtype =
+      segments.front().keys.defined() ? segments.front().keys.scalar_type() : torch::kFloat32;
+  if (!kv_type_of(kv_dtype, kv)) refuse("keys and values must be f32, bf16 or f16");
   for (const auto& s : segments) {
     const auto& k = s.keys;
     const auto& v = s.values;
@@ -100,16 +125,17 @@ torch::Tensor attend_few_queries(const torch::Tensor& qg, const std::vector<KVSe
           "keys and values must be [batch or 1, kv_heads, slots, head_dim] matching the "
           "queries");
     }
-    if (!k.device().is_cpu() || !v.device().is_cpu() || k.scalar_type() != torch::kFloat32 ||
-        v.scalar_type() != torch::kFloat32) {
-      refuse("takes f32 tensors on the CPU");
+    if (!k.device().is_cpu() || !v.device().is_cpu() || k.scalar_type() != kv_dtype ||
+        v.scalar_type() != kv_dtype) {
+      refuse("takes keys and values on the CPU, all of one dtype (f32, bf16 or f16)");
     }
     if (k.stride(3) != 1 || k.stride(2) != d || v.stride(3) != 1 || v.stride(2) != d) {
       refuse("each key and value must be a dense row of head_dim values");
     }
     const bool shared = k.size(0) == 1;
-    runs.push_back({k.data_ptr<float>(), v.data_ptr<float>(), k.size(2), shared ? 0 : k.stride(0),
-                    k.stride(1), shared ? 0 : v.stride(0), v.stride(1)});
+    runs.push_back({static_cast<const char*>(k.data_ptr()), static_cast<const char*>(v.data_ptr()),
+                    k.size(2), shared ? 0 : k.stride(0), k.stride(1), shared ? 0 : v.stride(0),
+                    v.stride(1)});
     slots += k.size(2);
   }
   const AttendKernel kernel = kernel_for(d);
@@ -143,6 +169,7 @@ torch::Tensor attend_few_queries(const torch::Tensor& qg, const std::vector<KVSe
   // Kept per thread between calls: a layer's scratch is a few hundred KB, and a fresh allocation
   // of that size would be mapped (and page-faulted) anew on every call.
   const auto need = static_cast<std::size_t>(kernels::attend_scratch_floats(d, slots));
+  const auto element = static_cast<int64_t>(c10::elementSize(kv_dtype));
   parallel_chunks(tasks, team, [&](int64_t task) {
     thread_local std::vector<float> scratch;
     thread_local std::vector<kernels::AttendSegment> heads;
@@ -151,8 +178,8 @@ torch::Tensor attend_few_queries(const torch::Tensor& qg, const std::vector<KVSe
     const int64_t bi = task / hkv, h = task % hkv;
     for (std::size_t s = 0; s < runs.size(); ++s) {
       const Run& run = runs[s];
-      heads[s] = {run.k + bi * run.k_batch + h * run.k_head,
-                  run.v + bi * run.v_batch + h * run.v_head, run.slots};
+      heads[s] = {run.k + (bi * run.k_batch + h * run.k_head) * element,
+                  run.v + (bi * run.v_batch + h * run.v_head) * element, run.slots};
     }
     kernels::AttendArgs a;
     a.q = qp + task * rows * d;
@@ -169,6 +196,7 @@ torch::Tensor attend_few_queries(const torch::Tensor& qg, const std::vector<KVSe
     a.open = open;
     a.out = op + task * rows * d;
     a.scratch = scratch.data();
+    a.kv = kv;
     kernel.fn(a);
   });
   return out;

@@ -174,6 +174,10 @@ torch::TensorOptions LlamaModel::tensor_options() const {
   return torch::TensorOptions().device(options_.device).dtype(options_.dtype);
 }
 
+torch::TensorOptions LlamaModel::kv_options() const {
+  return torch::TensorOptions().device(options_.device).dtype(kv_dtype());
+}
+
 std::unique_ptr<LlamaModel> LlamaModel::load(const std::string& dir, const LoadOptions& options) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(dir)) {
@@ -216,10 +220,22 @@ std::unique_ptr<LlamaModel> LlamaModel::from_tensors(const ModelConfig& config,
                     "elsewhere the weights' dtype must equal the compute dtype",
                 {origin});
   }
+  const torch::Dtype kv_dtype = options.kv_dtype.value_or(options.dtype);
+  if (kv_dtype != options.dtype &&
+      !(options.device.is_cpu() && options.dtype == torch::kFloat32 &&
+        (kv_dtype == torch::kBFloat16 || kv_dtype == torch::kFloat16))) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "a KV cache in " + dtype_name(kv_dtype) + " with " + dtype_name(options.dtype) +
+                    " compute on " + options.device.str() +
+                    ": only the CPU with f32 compute takes a bf16 or f16 KV cache; elsewhere "
+                    "the KV cache's dtype must equal the compute dtype",
+                {origin});
+  }
   std::unique_ptr<LlamaModel> m(new LlamaModel());
   m->config_ = config;
   m->options_ = options;
   m->options_.weights = weight_dtype;
+  m->options_.kv_dtype = kv_dtype;
   m->sdpa_ = resolve_sdpa(options.attention, options.device, origin);
   const auto to_model = torch::TensorOptions().device(options.device).dtype(options.dtype);
   const auto to_weights = torch::TensorOptions().device(options.device).dtype(weight_dtype);
@@ -298,7 +314,7 @@ std::unique_ptr<LlamaModel> LlamaModel::from_tensors(const ModelConfig& config,
 KVCache LlamaModel::make_cache(int64_t capacity, int64_t batch) const {
   KVCacheShape shape{config_.num_hidden_layers, batch, config_.num_key_value_heads,
                      config_.head_dim, capacity};
-  return KVCache(shape, tensor_options());
+  return KVCache(shape, kv_options());
 }
 
 std::pair<torch::Tensor, torch::Tensor> LlamaModel::rope_tables(
@@ -432,7 +448,17 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
   if (in.small_ops) {
     // One pass: rotated, scaled queries [b, hq, n, d]; keys and values straight into the cache.
     auto [key_dst, value_dst] = cache.pending_slots(index, n);
-    q = cpu_rope_into_cache(q, k, v, in.cos, in.sin, q_scale, key_dst, value_dst);
+    if (key_dst.scalar_type() == torch::kFloat32) {
+      q = cpu_rope_into_cache(q, k, v, in.cos, in.sin, q_scale, key_dst, value_dst);
+    } else {
+      // A bf16/f16 cache: rotated in f32, then rounded by the same conversion as
+      // write_pending's, so a token's stored K/V do not depend on the path that made them.
+      auto keys_f32 = torch::empty(key_dst.sizes(), q.options());
+      auto values_f32 = torch::empty(value_dst.sizes(), q.options());
+      q = cpu_rope_into_cache(q, k, v, in.cos, in.sin, q_scale, keys_f32, values_f32);
+      key_dst.copy_(keys_f32);
+      value_dst.copy_(values_f32);
+    }
     q_scaled = true;
   } else {
     const torch::Tensor &cos = in.cos, &sin = in.sin;
@@ -451,6 +477,12 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
   if (!fused) {
     keys = cache.key_slots(index, 0, total);
     values = cache.value_slots(index, 0, total);
+    // A bf16/f16 cache under f32 compute, read without the fused kernel (kernels off, a head
+    // size it does not take): converted for the library calls.
+    if (keys.scalar_type() != q.scalar_type()) {
+      keys = keys.to(q.scalar_type());
+      values = values.to(q.scalar_type());
+    }
   }
   // Grouped-query attention without copying K/V: the query heads that share a KV head are
   // stacked along the row axis, so one matmul per KV head serves the whole group.

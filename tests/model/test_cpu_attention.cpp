@@ -5,6 +5,7 @@
 #include "support/catch_torch.hpp"
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <random>
 #include <vector>
@@ -41,6 +42,32 @@ torch::Tensor reference(const torch::Tensor& qg, const torch::Tensor& keys,
 
 double max_error(const torch::Tensor& got, const torch::Tensor& want) {
   return (got.to(torch::kFloat64) - want).abs().max().item<double>();
+}
+
+// Runs of random lengths (`len` picks each), every other one shared by the batch rows
+// ([1, h, len, d]) as a stored module block is, in `dtype`; keys/values are all of them as one
+// f32 run [b, h, slots, d] (what the kernel reads, converted), for the reference.
+struct RandomRuns {
+  std::vector<KVSegment> runs;
+  torch::Tensor keys, values;
+  int64_t slots = 0;
+};
+RandomRuns random_runs(int count, int64_t b, int64_t h, int64_t d, torch::Dtype dtype,
+                       const std::function<int64_t(int)>& len) {
+  RandomRuns out;
+  std::vector<torch::Tensor> ks, vs;
+  for (int r = 0; r < count; ++r) {
+    const int64_t n = len(r);
+    const int64_t rb = r % 2 == 0 ? 1 : b;
+    auto k = torch::randn({rb, h, n, d}).to(dtype), v = torch::randn({rb, h, n, d}).to(dtype);
+    out.runs.push_back({k, v});
+    ks.push_back(k.to(torch::kFloat32).expand({b, h, n, d}));
+    vs.push_back(v.to(torch::kFloat32).expand({b, h, n, d}));
+    out.slots += n;
+  }
+  out.keys = torch::cat(ks, 2);
+  out.values = torch::cat(vs, 2);
+  return out;
 }
 
 }  // namespace
@@ -116,22 +143,14 @@ TEST_CASE("fused CPU attention over several runs of slots equals one run", "[att
       for (int64_t rows : {5, 12, 17, 40, 100}) {
         for (int trial = 0; trial < 4; ++trial) {
           const int64_t b = 2, h = 2;
-          // Runs of random lengths (single slots and runs that start mid-tile among them); every
-          // other run is shared by the batch rows ([1, h, len, d]), as a stored module block is.
-          std::vector<KVSegment> runs;
-          std::vector<torch::Tensor> ks, vs;
-          int64_t slots = 0;
+          // Runs of random lengths (single slots and runs that start mid-tile among them).
           const int count = 1 + static_cast<int>(rng() % 5);
-          for (int r = 0; r < count; ++r) {
-            const int64_t len = r % 3 == 2 ? 1 : 1 + static_cast<int64_t>(rng() % 70);
-            const int64_t rb = r % 2 == 0 ? 1 : b;
-            auto k = torch::randn({rb, h, len, d}), v = torch::randn({rb, h, len, d});
-            runs.push_back({k, v});
-            ks.push_back(k.expand({b, h, len, d}));
-            vs.push_back(v.expand({b, h, len, d}));
-            slots += len;
-          }
-          const auto k = torch::cat(ks, 2), v = torch::cat(vs, 2);
+          const auto made = random_runs(count, b, h, d, torch::kFloat32, [&](int r) {
+            return r % 3 == 2 ? int64_t{1} : 1 + static_cast<int64_t>(rng() % 70);
+          });
+          const auto& runs = made.runs;
+          const auto &k = made.keys, &v = made.values;
+          const int64_t slots = made.slots;
           const auto q = torch::randn({b, h, rows, d}) * (2.0 / std::sqrt(double(d)));
           const int64_t open = static_cast<int64_t>(rng() % (slots + 1));
           const auto gaps = torch::rand({b, rows, slots}) < 0.5;
@@ -165,6 +184,67 @@ TEST_CASE("fused CPU attention over several runs of slots equals one run", "[att
           q, std::vector<KVSegment>{{torch::randn({1, 3, 4, 16}), torch::randn({1, 3, 4, 16})}},
           torch::Tensor(), 0, 1),
       Catch::Contains("matching the queries"));
+}
+
+TEST_CASE("fused CPU attention reads bf16 and f16 keys and values", "[attention][kernels]") {
+  // The kernel converts each key and value to f32 as it reads it and computes in f32: the
+  // reference is the double-precision attention over the converted keys and values, to the
+  // same 1e-5 as f32 inputs. Runs of several lengths (some shared by the batch rows, as stored
+  // module blocks are), decode-sized and lane-sized row counts, odd slot counts (partial key
+  // and value blocks of the conversion).
+  KernelGuard guard;
+  torch::NoGradGuard no_grad;
+  const auto kernels = available_kernels();
+  if (kernels.empty()) {
+    WARN("this processor has neither AVX2+FMA nor AVX-512F: the fused attention is not built");
+    return;
+  }
+  torch::manual_seed(12);
+  std::mt19937 rng(41);
+  int checked = 0;
+  for (auto kernel : kernels) {
+    REQUIRE(select_cpu_linear(kernel));
+    for (auto dtype : {torch::kBFloat16, torch::kFloat16}) {
+      REQUIRE(cpu_attention_takes(torch::TensorOptions().dtype(dtype), 64));
+      for (int64_t d : {8, 64, 80, 128}) {
+        if (!cpu_attention_available(d)) continue;
+        for (int64_t rows : {1, 3, 11, 12, 17, 48, 100}) {
+          const int64_t b = 2, h = 2;
+          const int count = 1 + static_cast<int>(rng() % 4);
+          const auto made = random_runs(count, b, h, d, dtype,
+                                        [&](int) { return 1 + static_cast<int64_t>(rng() % 150); });
+          const auto& runs = made.runs;
+          const auto &k = made.keys, &v = made.values;
+          const int64_t slots = made.slots;
+          const auto q = torch::randn({b, h, rows, d}) * (2.0 / std::sqrt(double(d)));
+          const int64_t open = static_cast<int64_t>(rng() % (slots + 1));
+          const auto gaps = torch::rand({b, rows, slots}) < 0.5;
+          INFO(cpu_linear_name(kernel) << " " << c10::toString(dtype) << " d " << d << " rows "
+                                       << rows << " runs " << count << " slots " << slots);
+          for (int threads : {1, 2}) {
+            const auto got = attend_few_queries(q, runs, gaps, open, threads);
+            REQUIRE(got.scalar_type() == torch::kFloat32);
+            REQUIRE(max_error(got, reference(q, k, v, gaps, open)) < 1e-5);
+            const auto all = attend_few_queries(q, runs, torch::Tensor(), slots, threads);
+            REQUIRE(max_error(all, reference(q, k, v, torch::Tensor(), slots)) < 1e-5);
+            checked += 2;
+          }
+        }
+      }
+    }
+  }
+  REQUIRE(checked >= 2 * 3 * 7 * 4);
+  // One call reads one dtype: runs of different dtypes are refused.
+  if (cpu_attention_available(16)) {
+    const auto q = torch::randn({1, 2, 4, 16});
+    const auto f32 = torch::randn({1, 2, 5, 16});
+    const auto bf16 = f32.to(torch::kBFloat16);
+    CHECK_THROWS_WITH(attend_few_queries(q, std::vector<KVSegment>{{bf16, bf16}, {f32, f32}},
+                                         torch::Tensor(), 0, 1),
+                      Catch::Contains("all of one dtype"));
+    CHECK_THROWS_WITH(attend_few_queries(q, bf16, f32, torch::Tensor(), 0, 1),
+                      Catch::Contains("all of one dtype"));
+  }
 }
 
 TEST_CASE("fused CPU attention: long rows, large scores and rows that see nothing",

@@ -55,8 +55,8 @@ struct AssembleOptions {
   // Keep the leading spans the cache still holds from an earlier assembly (the same stored
   // blocks at the same slots, see KVCache::sources) rather than filling them again.
   bool reuse = true;
-  // Leave the spans in the store's blocks where the cache's attention reads them in place (f32
-  // on the CPU with the fused kernel, cpu_attention_available): nothing is copied. false, or
+  // Leave the spans in the store's blocks where the cache's attention reads them in place (f32,
+  // bf16 or f16 on the CPU with the fused kernel, cpu_attention_takes): nothing is copied. false, or
   // anywhere else, copies every span into the cache.
   bool in_place = true;
 };

@@ -29,9 +29,10 @@ std::vector<KVSegment> first_slots(const std::vector<KVSegment>& segments, int64
 
 // Whether attend_few_queries() takes f32 heads of size head_dim with the current kernel choice.
 bool cpu_attention_available(int64_t head_dim);
-// Whether it takes keys and values of these options (f32 on the CPU) with heads of head_dim: the
-// rule by which the model's attention reads a KV cache through it, and so reads slots the cache
-// holds by reference in place.
+// Whether it takes keys and values of these options (f32, bf16 or f16 on the CPU) with heads of
+// head_dim: the rule by which the model's attention reads a KV cache through it, and so reads
+// slots the cache holds by reference in place. bf16/f16 keys and values are converted to f32 as
+// they are read; queries, scores and the output stay f32.
 bool cpu_attention_takes(const torch::TensorOptions& options, int64_t head_dim);
 
 // qg [b, kv_heads, rows, d]: rows = groups * n query rows per KV head, group-major (row g * n + i
@@ -39,7 +40,8 @@ bool cpu_attention_takes(const torch::TensorOptions& options, int64_t head_dim);
 // `segments` in order (at least one; see KVSegment). mask: [n, slots], [b, n, slots] (one per
 // batch row) or undefined (every slot visible); slots before `open` are seen by every row
 // whatever the mask says. The KV heads are shared out among `threads` threads.
-// Returns [b, kv_heads, rows, d]. Throws Error (kInvalidArgument) for anything else: other
+// The queries are f32; keys and values of every run are f32, bf16 or f16, all of one dtype.
+// Returns [b, kv_heads, rows, d] f32. Throws Error (kInvalidArgument) for anything else: other
 // dtypes or devices, a head size without a kernel (cpu_attention_available), mismatched shapes.
 torch::Tensor attend_few_queries(const torch::Tensor& qg, const std::vector<KVSegment>& segments,
                                  const torch::Tensor& mask, int64_t open, int threads);

@@ -41,6 +41,12 @@ struct LoadOptions {
   // (q8, promptcache/model/q8_weights.hpp), quantized from the checkpoint as it loads: CPU and
   // f32 compute only, like bf16/f16 weights.
   std::optional<torch::Dtype> weights;
+  // The dtype of the KV cache, and so of the module states compiled into the store and saved to
+  // cache files. Unset: `dtype`. On the CPU with f32 compute it may be bf16 or f16: half the
+  // bytes to store, assemble and read, with the fused attention (cpu_attention.hpp) converting
+  // keys and values to f32 as it reads them; everything else is still computed in f32. Elsewhere
+  // it must equal `dtype` (Error(kInvalidArgument) otherwise).
+  std::optional<torch::Dtype> kv_dtype;
   // kSdpa on LibTorch 1.x, which lacks it, is an Error(kInvalidArgument) when the model is made.
   AttentionImpl attention = AttentionImpl::kAuto;
 };
@@ -82,15 +88,19 @@ class LlamaModel {
   torch::Device device() const { return options_.device; }
   torch::Dtype dtype() const { return options_.dtype; }
   torch::Dtype weight_dtype() const { return options_.weights.value_or(options_.dtype); }
+  // The KV cache's and the stored module states' dtype (LoadOptions::kv_dtype).
+  torch::Dtype kv_dtype() const { return options_.kv_dtype.value_or(options_.dtype); }
   // Bytes held by the weights (mapped or in memory), counted once for tied embeddings.
   int64_t weight_bytes() const;
   torch::TensorOptions tensor_options() const;
+  // The model's device with kv_dtype(): what KV caches and stored module states are made of.
+  torch::TensorOptions kv_options() const;
   // The attention this model runs, resolved from LoadOptions::attention: "sdpa" or "blocked"
   // (the library's own: on the CPU the fused kernel when cpu_attention_available(head_dim), with
   // the small-row kernels on).
   std::string attention_name() const { return sdpa_ ? "sdpa" : "blocked"; }
 
-  // A cache shaped for this model, on its device and dtype.
+  // A cache shaped for this model, on its device, in kv_dtype().
   KVCache make_cache(int64_t capacity, int64_t batch = 1) const;
 
   // token_ids and positions: int64 [batch, n] (or [n] for batch 1); each batch row has its own

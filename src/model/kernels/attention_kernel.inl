@@ -72,9 +72,23 @@ inline float softmax_numerators(float* s, Index slots, const bool* mask_row, Ind
 
 using Segment = promptcache::kernels::AttendSegment;
 
+// A run's keys and values as elements of the call's type T: float, or Bf16/F16 (linear_kernel.inl's
+// Vec::load converts those to f32 registers; blocks of them are converted into the scratch with
+// convert_rows where the f32 code reads single elements).
+template <class T>
+inline const T* keys_of(const Segment& s) {
+  return static_cast<const T*>(s.k);
+}
+template <class T>
+inline const T* values_of(const Segment& s) {
+  return static_cast<const T*>(s.v);
+}
+template <class T>
+constexpr bool kF32Kv = sizeof(T) == sizeof(float);
+
 // out[r, c0 .. c0 + C * kWidth) = scale[r] * sum_j p[r, j] * v[j, c0 ..] for R rows, j running
 // over the slots of every run in turn.
-template <int R, int C>
+template <class T, int R, int C>
 inline void weighted_values(const float* p, Index ldp, const Segment* segs, Index nseg, Index d,
                             Index c0, const float* scale, float* out) {
   typename Vec::Reg acc[R][C];
@@ -84,7 +98,7 @@ inline void weighted_values(const float* p, Index ldp, const Segment* segs, Inde
     for (int c = 0; c < C; ++c) acc[r][c] = Vec::zero();
   }
   for (Index s = 0; s < nseg; ++s) {
-    const float* v = segs[s].v;
+    const T* v = values_of<T>(segs[s]);
     for (Index j = 0; j < segs[s].slots; ++j) {
       typename Vec::Reg vv[C];
 #pragma GCC unroll 8
@@ -110,40 +124,40 @@ inline void weighted_values(const float* p, Index ldp, const Segment* segs, Inde
 
 // The last (fewer than kValueCols) vectors of a row: picks the block instantiated for exactly
 // that many.
-template <int R, int C>
+template <class T, int R, int C>
 inline void weighted_values_cols(int cols, const float* p, Index ldp, const Segment* segs,
                                  Index nseg, Index d, Index c0, const float* scale, float* out) {
   if constexpr (C > 0) {
     if (cols == C) {
-      weighted_values<R, C>(p, ldp, segs, nseg, d, c0, scale, out);
+      weighted_values<T, R, C>(p, ldp, segs, nseg, d, c0, scale, out);
     } else {
-      weighted_values_cols<R, C - 1>(cols, p, ldp, segs, nseg, d, c0, scale, out);
+      weighted_values_cols<T, R, C - 1>(cols, p, ldp, segs, nseg, d, c0, scale, out);
     }
   }
 }
 
-template <int R>
+template <class T, int R>
 inline void weighted_values_rows(const float* p, Index ldp, const Segment* segs, Index nseg,
                                  Index d, const float* scale, float* out) {
   constexpr Index kSpan = Vec::kValueCols * Vec::kWidth;
   Index c0 = 0;
   for (; c0 + kSpan <= d; c0 += kSpan) {
-    weighted_values<R, Vec::kValueCols>(p, ldp, segs, nseg, d, c0, scale, out);
+    weighted_values<T, R, Vec::kValueCols>(p, ldp, segs, nseg, d, c0, scale, out);
   }
   if (c0 < d) {
-    weighted_values_cols<R, Vec::kValueCols - 1>(static_cast<int>((d - c0) / Vec::kWidth), p, ldp,
-                                                 segs, nseg, d, c0, scale, out);
+    weighted_values_cols<T, R, Vec::kValueCols - 1>(static_cast<int>((d - c0) / Vec::kWidth), p,
+                                                    ldp, segs, nseg, d, c0, scale, out);
   }
 }
 
-template <int R>
+template <class T, int R>
 inline void weighted_values_row_tail(int rows, const float* p, Index ldp, const Segment* segs,
                                      Index nseg, Index d, const float* scale, float* out) {
   if constexpr (R > 0) {
     if (rows == R) {
-      weighted_values_rows<R>(p, ldp, segs, nseg, d, scale, out);
+      weighted_values_rows<T, R>(p, ldp, segs, nseg, d, scale, out);
     } else {
-      weighted_values_row_tail<R - 1>(rows, p, ldp, segs, nseg, d, scale, out);
+      weighted_values_row_tail<T, R - 1>(rows, p, ldp, segs, nseg, d, scale, out);
     }
   }
 }
@@ -207,17 +221,34 @@ inline void lane_scores_tail(int keys, const float* qt, Index d, const float* k,
   }
 }
 
-// The scores of one run of slots.
-template <int RV>
-inline void lane_scores(const float* qt, Index d, const Segment& run, float* st, Index ld) {
+// The scores of one run of slots. bf16/f16 keys are converted a block at a time into `widen`
+// (kAttendWidenSlots x d floats) first: the block then reads single f32 elements as it does
+// for f32 keys (its prefetches then go to the converted block, which convert_rows's own
+// prefetches have already brought in).
+template <int RV, class T>
+inline void lane_scores(const float* qt, Index d, const Segment& run, float* st, Index ld,
+                        float* widen) {
   constexpr int J = Vec::kLaneAcc / RV;
+  static_assert(J <= promptcache::kernels::kAttendWidenSlots);
+  const T* k = keys_of<T>(run);
+  const T* v = values_of<T>(run);
   Index j = 0;
   for (; j + J <= run.slots; j += J) {
-    lane_scores_block<RV, J>(qt, d, run.k + j * d, run.v + j * d, st + j * ld, ld);
+    if constexpr (kF32Kv<T>) {
+      lane_scores_block<RV, J>(qt, d, k + j * d, v + j * d, st + j * ld, ld);
+    } else {
+      convert_rows(k + j * d, J * d, widen);
+      lane_scores_block<RV, J>(qt, d, widen, widen, st + j * ld, ld);
+    }
   }
   if (j < run.slots) {
-    lane_scores_tail<RV, J - 1>(static_cast<int>(run.slots - j), qt, d, run.k + j * d,
-                                run.v + j * d, st + j * ld, ld);
+    const int keys = static_cast<int>(run.slots - j);
+    if constexpr (kF32Kv<T>) {
+      lane_scores_tail<RV, J - 1>(keys, qt, d, k + j * d, v + j * d, st + j * ld, ld);
+    } else {
+      convert_rows(k + j * d, keys * d, widen);
+      lane_scores_tail<RV, J - 1>(keys, qt, d, widen, widen, st + j * ld, ld);
+    }
   }
 }
 
@@ -263,7 +294,7 @@ inline void lane_values_tail(int cols, const float* p, const float* v, Index n, 
 }
 
 // The attention of `rows` (at most RV * kWidth) query rows starting at row r0.
-template <int RV>
+template <int RV, class T>
 inline void lane_rows(const promptcache::kernels::AttendArgs& a, Index r0, Index rows,
                       float* scratch) {
   constexpr Index ld = RV * Vec::kWidth;
@@ -273,12 +304,15 @@ inline void lane_rows(const promptcache::kernels::AttendArgs& a, Index r0, Index
   float* qt = scratch;             // [d][ld]
   float* st = qt + d * ld;         // [slots][ld]
   float* sums = st + slots * ld;   // [d][ld]
+  // [kAttendWidenSlots][d]: bf16/f16 keys or values converted (after everything the chunk uses).
+  float* widen = scratch + promptcache::kernels::attend_scratch_floats(d, slots) -
+                 promptcache::kernels::kAttendWidenSlots * d;
   for (Index i = 0; i < d; ++i) {  // padding lanes get zero queries (their results are dropped)
     for (Index r = 0; r < ld; ++r) qt[i * ld + r] = r < rows ? a.q[(r0 + r) * d + i] : 0.0f;
   }
   Index first = 0;
   for (Index s = 0; s < a.segment_count; ++s) {
-    lane_scores<RV>(qt, d, a.segments[s], st + first * ld, ld);
+    lane_scores<RV, T>(qt, d, a.segments[s], st + first * ld, ld, widen);
     first += a.segments[s].slots;
   }
   if (a.mask != nullptr) {
@@ -313,15 +347,20 @@ inline void lane_rows(const promptcache::kernels::AttendArgs& a, Index r0, Index
   const float* p = st;
   for (Index s = 0; s < a.segment_count; ++s) {
     const Segment& run = a.segments[s];
+    const T* values = values_of<T>(run);
     for (Index j0 = 0; j0 < run.slots; j0 += Vec::kLaneValueSlots) {
       const Index n = run.slots - j0 < Vec::kLaneValueSlots ? run.slots - j0 : Vec::kLaneValueSlots;
-      Index c0 = 0;
-      for (; c0 + J <= d; c0 += J) {
-        lane_values_block<RV, J>(p + j0 * ld, run.v + j0 * d, n, d, c0, sums, ld);
+      const float* v = nullptr;
+      if constexpr (kF32Kv<T>) {
+        v = values + j0 * d;
+      } else {
+        convert_rows(values + j0 * d, n * d, widen);
+        v = widen;
       }
+      Index c0 = 0;
+      for (; c0 + J <= d; c0 += J) lane_values_block<RV, J>(p + j0 * ld, v, n, d, c0, sums, ld);
       if (c0 < d) {
-        lane_values_tail<RV, J - 1>(static_cast<int>(d - c0), p + j0 * ld, run.v + j0 * d, n, d, c0,
-                                    sums, ld);
+        lane_values_tail<RV, J - 1>(static_cast<int>(d - c0), p + j0 * ld, v, n, d, c0, sums, ld);
       }
     }
     p += run.slots * ld;
@@ -332,30 +371,32 @@ inline void lane_rows(const promptcache::kernels::AttendArgs& a, Index r0, Index
 }
 
 // Rows along the lanes, in chunks of up to kLaneRowVecs vectors of rows.
+template <class T>
 inline void attend_rows_in_lanes(const promptcache::kernels::AttendArgs& a, Index r0, Index rows) {
   constexpr Index kChunk = Vec::kLaneRowVecs * Vec::kWidth;
   for (Index r = r0; r < r0 + rows; r += kChunk) {
     const Index n = r0 + rows - r < kChunk ? r0 + rows - r : kChunk;
     const Index vecs = (n + Vec::kWidth - 1) / Vec::kWidth;
     if (vecs >= 3) {
-      lane_rows<3>(a, r, n, a.scratch);
+      lane_rows<3, T>(a, r, n, a.scratch);
     } else if (vecs == 2) {
-      lane_rows<2>(a, r, n, a.scratch);
+      lane_rows<2, T>(a, r, n, a.scratch);
     } else {
-      lane_rows<1>(a, r, n, a.scratch);
+      lane_rows<1, T>(a, r, n, a.scratch);
     }
   }
 }
 
-// The entry point each ISA unit exports (signature of kernels::AttendRowsFn). d must be a
-// multiple of Vec::kWidth.
-void attend_rows(const promptcache::kernels::AttendArgs& a) {
+// The attention with keys and values of type T (float, Bf16 or F16).
+template <class T>
+void attend_rows_of(const promptcache::kernels::AttendArgs& a) {
   namespace pk = promptcache::kernels;
   static_assert(Vec::kLaneRowVecs * Vec::kWidth <= pk::kAttendRowChunk);
   static_assert(Vec::kLaneRowVecs <= 3);
+  static_assert(Vec::kLaneValueSlots <= pk::kAttendWidenSlots);
   const Index slots = a.slots, d = a.d;
   if (a.rows >= pk::kAttendLaneMinRows) {
-    attend_rows_in_lanes(a, 0, a.rows);
+    attend_rows_in_lanes<T>(a, 0, a.rows);
     return;
   }
   // A decode step's few rows: dot products for the scores (linear_rows), row by row.
@@ -366,7 +407,7 @@ void attend_rows(const promptcache::kernels::AttendArgs& a) {
   Index first = 0;
   for (Index s = 0; s < a.segment_count; ++s) {
     const Segment& seg = a.segments[s];
-    linear_rows(a.q, rows, d, seg.k, 0, seg.slots, scores + first, lds, nullptr);
+    linear_rows_of<T>(a.q, rows, d, keys_of<T>(seg), 0, seg.slots, scores + first, lds, nullptr);
     first += seg.slots;
   }
   for (Index r = 0; r < rows; ++r) {
@@ -376,13 +417,29 @@ void attend_rows(const promptcache::kernels::AttendArgs& a) {
   }
   Index r = 0;
   for (; r + Vec::kValueRows <= rows; r += Vec::kValueRows) {
-    weighted_values_rows<Vec::kValueRows>(scores + r * lds, lds, a.segments, a.segment_count, d,
-                                          scale + r, a.out + r * d);
+    weighted_values_rows<T, Vec::kValueRows>(scores + r * lds, lds, a.segments, a.segment_count, d,
+                                             scale + r, a.out + r * d);
   }
   if (r < rows) {
-    weighted_values_row_tail<Vec::kValueRows - 1>(static_cast<int>(rows - r), scores + r * lds, lds,
-                                                  a.segments, a.segment_count, d, scale + r,
-                                                  a.out + r * d);
+    weighted_values_row_tail<T, Vec::kValueRows - 1>(static_cast<int>(rows - r), scores + r * lds,
+                                                     lds, a.segments, a.segment_count, d, scale + r,
+                                                     a.out + r * d);
+  }
+}
+
+// The entry point each ISA unit exports (signature of kernels::AttendRowsFn). d must be a
+// multiple of Vec::kWidth.
+void attend_rows(const promptcache::kernels::AttendArgs& a) {
+  using promptcache::kernels::KvType;
+  switch (a.kv) {
+    case KvType::kBf16:
+      attend_rows_of<Bf16>(a);
+      break;
+    case KvType::kF16:
+      attend_rows_of<F16>(a);
+      break;
+    default:
+      attend_rows_of<float>(a);
   }
 }
 

@@ -64,13 +64,17 @@ constexpr long long linear_scratch_floats(long long m, long long k) {
   return linear_scratch_x_floats(m, k) + kLinearLaneMaxBlockRows * k + q8_scratch_x_floats(m, k);
 }
 
-// One run of a KV head's slots: `slots` keys and as many values, each a dense row of d floats.
-// The slots of one call may lie in several runs (the module states an assembled request reads
-// in place from the store, then its own fresh tokens), taken in order: the first run's slots
-// are slots 0 .. its slots - 1 of the mask, and so on.
+// The element type of a call's keys and values: f32, or bf16/f16 (a KV cache and module states
+// kept at half the bytes; the kernel converts them to f32 as it reads, and computes in f32).
+enum class KvType { kF32, kBf16, kF16 };
+
+// One run of a KV head's slots: `slots` keys and as many values, each a dense row of d elements
+// of the call's KvType. The slots of one call may lie in several runs (the module states an
+// assembled request reads in place from the store, then its own fresh tokens), taken in order:
+// the first run's slots are slots 0 .. its slots - 1 of the mask, and so on.
 struct AttendSegment {
-  const float* k = nullptr;  // [slots, d], row-major
-  const float* v = nullptr;  // [slots, d], row-major
+  const void* k = nullptr;  // [slots, d], row-major
+  const void* v = nullptr;  // [slots, d], row-major
   long long slots = 0;
 };
 
@@ -89,6 +93,7 @@ struct AttendArgs {
   long long mask_ld = 0, tokens = 1, open = 0;
   float* out = nullptr;      // [rows, d]
   float* scratch = nullptr;  // attend_scratch_floats(d, slots) floats
+  KvType kv = KvType::kF32;  // of every run's keys and values
 };
 using AttendRowsFn = void (*)(const AttendArgs& args);
 
@@ -97,10 +102,14 @@ using AttendRowsFn = void (*)(const AttendArgs& args);
 // go in chunks of at most this many along the vector lanes.
 constexpr long long kAttendRowChunk = 48;
 constexpr long long kAttendLaneMinRows = 12;
+// bf16/f16 keys or values are converted to f32 a block of at most this many slots at a time
+// (a block of keys for the scores, or of values for the product with V).
+constexpr long long kAttendWidenSlots = 64;
 // Scratch floats attend_rows needs for one call: the scores of a chunk of rows over every slot,
-// the chunk's queries and output sums (transposed), and one scale per row.
+// the chunk's queries and output sums (transposed), one scale per row, and a block of converted
+// keys or values.
 constexpr long long attend_scratch_floats(long long d, long long slots) {
-  return kAttendRowChunk * (slots + 2 * d + 1);
+  return kAttendRowChunk * (slots + 2 * d + 1) + kAttendWidenSlots * d;
 }
 
 // Compiled with AVX-512F / with AVX2+FMA enabled (both with F16C, which the bf16/f16 kernels
