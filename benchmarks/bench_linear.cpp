@@ -1,7 +1,7 @@
-// bench_linear — ms per linear_layer() call for f32, bf16 and f16 weights (x and the output f32)
-// on bench-small's layer shapes, all dtypes timed in the same run.
+// bench_linear — ms per linear_layer() call for f32, bf16, f16 and q8 weights (x and the output
+// f32) on bench-small's layer shapes, all dtypes timed in the same run.
 //
-//   build/benchmarks/bench_linear [--rows 1,16,64,128] [--dtypes f32,bf16,f16]
+//   build/benchmarks/bench_linear [--rows 1,16,64,128] [--dtypes f32,bf16,f16,q8]
 //       [--shapes 768x768,2048x768,768x2048] [--threads 2] [--repeats 7] [--kernels on]
 //       [--cold-mb 64]
 //
@@ -24,6 +24,7 @@
 #include "bench_common.hpp"
 #include "bench_kernels.hpp"
 #include "promptcache/model/cpu_linear.hpp"
+#include "promptcache/model/q8_weights.hpp"
 #include "promptcache/model/threads.hpp"
 
 namespace pc = promptcache;
@@ -35,7 +36,8 @@ torch::Dtype dtype_named(const std::string& name) {
   if (name == "f32") return torch::kFloat32;
   if (name == "bf16") return torch::kBFloat16;
   if (name == "f16") return torch::kFloat16;
-  std::cerr << "bench_linear: --dtypes takes f32, bf16, f16, not '" << name << "'\n";
+  if (name == "q8") return torch::kInt8;
+  std::cerr << "bench_linear: --dtypes takes f32, bf16, f16, q8, not '" << name << "'\n";
   std::exit(2);
 }
 
@@ -78,7 +80,10 @@ int main(int argc, char** argv) {
     std::map<std::string, std::vector<torch::Tensor>> pools;
     for (int c = 0; c < copies; ++c) {
       const auto w = torch::randn({n, k}) * 0.05;
-      for (const auto& d : dtypes) pools[d].push_back(w.to(dtype_named(d)).contiguous());
+      for (const auto& d : dtypes) {
+        const torch::Dtype dtype = dtype_named(d);
+        pools[d].push_back(dtype == torch::kInt8 ? pc::quantize_q8(w) : w.to(dtype).contiguous());
+      }
     }
     for (const auto kernel : kernels) {
       pc::select_cpu_linear(kernel);

@@ -268,7 +268,7 @@ TEST_CASE("q8 weights with f32 x equal torch::linear on the dequantized weights"
     REQUIRE(select_cpu_linear(kernel));
     for (int threads : {1, 2}) {
       set_kernel_threads(threads);
-      // Integer sums (1-12 rows), lanes (13 on), the long path.
+      // Integer sums (1-4 rows), dequantized weight rows (5-12), lanes (13 on), the long path.
       for (int64_t m : {1, 2, 3, 4, 5, 7, 12, 13, 17, 40, 65, 256, 257, 300}) {
         // Whole blocks, a short last block, a row shorter than a vector.
         for (int64_t k : {5, 32, 33, 100, 257}) {

@@ -31,8 +31,12 @@ enum class CpuLinearKernel {
 // 390), decode unchanged (bench_prefill, docs/benchmarks.md). OMP_WAIT_POLICY=passive removed
 // the cliff as well but cost decoding a third of its speed.
 constexpr int64_t kCpuLinearMaxRows = 256;
-// Rows of x up to which Q8 weights meet x quantized to 8 bits (see linear_layer).
-constexpr int64_t kCpuLinearQ8IntegerRows = 12;
+// Rows of x up to which Q8 weights meet x quantized to 8 bits (see linear_layer). Past 4 rows
+// each row's integer pass costs what the first did, while dequantized weight rows serve every
+// row of x from registers: bench_linear (2 threads) at 2048x768 gave 0.34 against 0.40 ms at 4
+// rows, equal at 6, 0.63 against 0.52 at 8 and 0.88 against 0.67 at 12 (768x2048: 0.37 against
+// 0.32 at 4 rows already).
+constexpr int64_t kCpuLinearQ8IntegerRows = 4;
 
 // x [..., in] times weight [out, in] transposed: [..., out], as torch::linear(x, weight).
 // An f32 x also takes a bf16 or f16 weight (kept so: half the bytes to stream) and gives f32:

@@ -301,9 +301,9 @@ inline void lane_rows(const promptcache::kernels::AttendArgs& a, Index r0, Index
   constexpr int J = Vec::kLaneAcc / RV;
   constexpr float kNegInf = -__builtin_inff();
   const Index d = a.d, slots = a.slots;
-  float* qt = scratch;             // [d][ld]
-  float* st = qt + d * ld;         // [slots][ld]
-  float* sums = st + slots * ld;   // [d][ld]
+  float* qt = scratch;            // [d][ld]
+  float* st = qt + d * ld;        // [slots][ld]
+  float* sums = st + slots * ld;  // [d][ld]
   // [kAttendWidenSlots][d]: bf16/f16 keys or values converted (after everything the chunk uses).
   float* widen = scratch + promptcache::kernels::attend_scratch_floats(d, slots) -
                  promptcache::kernels::kAttendWidenSlots * d;

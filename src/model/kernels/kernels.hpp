@@ -33,7 +33,7 @@ struct Q8 {
 };
 constexpr long long kQ8Block = 32;
 // Up to this many rows of x, Q8 kernels quantize x to 8 bits too and multiply in integers.
-constexpr long long kQ8DotMaxRows = 12;
+constexpr long long kQ8DotMaxRows = 4;
 constexpr long long q8_row_bytes(long long k) {
   return k + 2 * ((k + kQ8Block - 1) / kQ8Block);
 }
@@ -51,12 +51,13 @@ using WidenQ8Fn = void (*)(const Q8* src, long long rows, long long k, float* ds
 constexpr long long kLinearLaneMinRows = 13;
 // x transposed, its tokens padded to a multiple of 16 (the widest vector); then, for bf16/f16
 // weights, a block of up to kLinearLaneMaxBlockRows weight rows converted to f32; for Q8
-// weights and up to 12 rows, x quantized to 8 bits (q8_scratch_x_floats).
+// weights and up to kQ8DotMaxRows rows, x quantized to 8 bits (q8_scratch_x_floats).
 constexpr long long kLinearLaneMaxBlockRows = 12;
 constexpr long long linear_scratch_x_floats(long long m, long long k) {
   return k * ((m + 15) / 16 * 16);
 }
-// Q8 weights with up to 12 rows of x: x quantized, its scales and 32-value blocks (f32 units).
+// Q8 weights with up to kQ8DotMaxRows rows of x: x quantized, its scales and 32-value blocks
+// (f32 units).
 constexpr long long q8_scratch_x_floats(long long m, long long k) {
   return m * ((k + kQ8Block - 1) / kQ8Block) * (1 + kQ8Block / 4);
 }

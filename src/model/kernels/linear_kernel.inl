@@ -145,8 +145,8 @@ inline void linear_block_q8(const float* x, Index k, const Q8* w, int rows, floa
 }
 
 // ---- Q8 weights times a few rows of x, in integers ----
-// Up to kQ8DotMaxRows rows (a decode step, a short question) the rows of x are quantized as the
-// weights are (blocks of kQ8Block, scale = max |x| / 127) and each block's dot product is taken
+// Up to kQ8DotMaxRows rows (a decode step, a very short question) the rows of x are quantized as
+// the weights are (blocks of kQ8Block, scale = max |x| / 127) and each block's dot product is taken
 // in 8-bit integers, as llama.cpp does for Q8_0: per 32 weights one load, two sign ops, one
 // multiply-add of bytes and one of words, a conversion and a scaled add, where widening every
 // weight to f32 took three times the instructions and made the 8-bit decode slower than the
@@ -163,20 +163,56 @@ inline float hsum256(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+inline float hmax256(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
 // The m rows of x (k values each) quantized into xq [m][blocks * kQ8Block] (zero padded) and xs
 // [m][blocks]: value = round(x / scale) with scale = max |x| / 127 per block (0 for a block of
-// zeros), the rounding to nearest even of the f32 product x * (1 / scale).
+// zeros), the rounding to nearest even of the f32 product x * (1 / scale). Whole blocks go
+// through vectors (cvtps2dq rounds to nearest even, as nearbyintf does under the default
+// rounding mode): done element by element, with fmaxf a library call, it took 5% of a q8
+// decode step.
 inline void quantize_x_q8(const float* x, Index m, Index k, signed char* xq, float* xs) {
   const Index blocks = (k + kQ8Block - 1) / kQ8Block;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  // packs works within 128-bit lanes: this puts the four 8-value groups back in order.
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (Index t = 0; t < m; ++t) {
     for (Index b = 0; b < blocks; ++b) {
       const float* src = x + t * k + b * kQ8Block;
       const Index len = k - b * kQ8Block < kQ8Block ? k - b * kQ8Block : kQ8Block;
+      signed char* dst = xq + (t * blocks + b) * kQ8Block;
+      if (len == kQ8Block) {
+        __m256 v[4];
+        __m256 top = _mm256_setzero_ps();
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) {
+          v[i] = _mm256_loadu_ps(src + 8 * i);
+          top = _mm256_max_ps(top, _mm256_andnot_ps(sign, v[i]));
+        }
+        const float scale = hmax256(top) / 127.0f;
+        const __m256 inverse = _mm256_set1_ps(scale > 0.0f ? 1.0f / scale : 0.0f);
+        __m256i q[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inverse));
+        const __m256i bytes =
+            _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst),
+                            _mm256_permutevar8x32_epi32(bytes, order));
+        xs[t * blocks + b] = scale;
+        continue;
+      }
       float amax = 0.0f;
-      for (Index i = 0; i < len; ++i) amax = __builtin_fmaxf(amax, __builtin_fabsf(src[i]));
+      for (Index i = 0; i < len; ++i) {
+        const float a = src[i] < 0.0f ? -src[i] : src[i];
+        amax = a > amax ? a : amax;
+      }
       const float scale = amax / 127.0f;
       const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
-      signed char* dst = xq + (t * blocks + b) * kQ8Block;
       for (Index i = 0; i < kQ8Block; ++i) {
         dst[i] = i < len ? static_cast<signed char>(__builtin_nearbyintf(src[i] * inverse)) : 0;
       }
@@ -212,6 +248,7 @@ inline void q8_dot_rows(const signed char* xq, const float* xs, Index m, Index k
       const __m256i xv =
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + (t * blocks + b) * kQ8Block));
       const float x_scale = xs[t * blocks + b];
+      const __m256i xa = _mm256_sign_epi8(xv, xv);  // |x|, for every row
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         __m256i wv;
@@ -223,12 +260,13 @@ inline void q8_dot_rows(const signed char* xq, const float* xs, Index m, Index k
                            static_cast<unsigned long>(k - b * kQ8Block));
           wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tail));
         }
-        // |w| (unsigned) times x with w's sign: the products w * x, summed in pairs (at most
-        // 2 x 127 x 127, no saturation), then in fours as 32-bit integers. (Converting 8 blocks'
-        // scales at once through a buffer instead took bench-small's q8 decode from 112 to 95
-        // tokens/s.)
-        const __m256i pairs =
-            _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
+        // |x| (unsigned) times w with x's sign: the products w * x, summed in pairs (at most
+        // 2 x 127 x 127, no saturation), then in fours as 32-bit integers (one sign operation
+        // per weight row; llama.cpp's |w| times x with w's sign takes two). Converting 8
+        // blocks' scales at once (through a buffer: 112 -> 95 tokens/s on bench-small's q8
+        // decode; as a vector, each block taking its lane with a permute: no faster, slower
+        // for k = 768) did not pay.
+        const __m256i pairs = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(wv, xv));
         const __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
         acc[r] = _mm256_fmadd_ps(sums, _mm256_set1_ps(q8_scale(wr[r], k, b) * x_scale), acc[r]);
       }
