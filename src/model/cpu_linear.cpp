@@ -1,5 +1,9 @@
 #include "promptcache/model/cpu_linear.hpp"
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -17,6 +21,15 @@ namespace promptcache {
 static_assert(kCpuLinearQ8IntegerRows == kernels::kQ8DotMaxRows);
 namespace {
 
+#if defined(__x86_64__)
+// F16C from CPUID (leaf 1, ECX bit 29): clang 14 does not know __builtin_cpu_supports("f16c").
+// The AVX state it needs is enabled wherever the AVX2 or AVX-512 check below passes.
+bool cpu_has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+#endif
+
 bool cpu_has(CpuLinearKernel kernel) {
 #if defined(__x86_64__)
   switch (kernel) {
@@ -24,10 +37,10 @@ bool cpu_has(CpuLinearKernel kernel) {
       return true;
     case CpuLinearKernel::kAvx2:
       return kernels::linear_rows_avx2 != nullptr && __builtin_cpu_supports("avx2") &&
-             __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+             __builtin_cpu_supports("fma") && cpu_has_f16c();
     case CpuLinearKernel::kAvx512:
       return kernels::linear_rows_avx512 != nullptr && __builtin_cpu_supports("avx512f") &&
-             __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+             __builtin_cpu_supports("fma") && cpu_has_f16c();
   }
   return false;
 #else
