@@ -40,9 +40,10 @@ Command register_qa(CLI::App& root) {
   return {app, [o]() {
             const auto docs = docqa::collect_documents(o->docs);
             auto engine = open_engine(o->model, o->engine);
-            engine->add_schema(
-                pml::parse_schema_string(docqa::schema_xml(docs, o->system), "<qa documents>"),
-                progress_bar(), o->cache_file);
+            const auto schema =
+                pml::parse_schema_string(docqa::schema_xml(docs, o->system), "<qa documents>");
+            engine->add_schema(schema, progress_bar(),
+                               states_file(*engine, schema, o->cache_file, o->engine));
             const auto& report = engine->compile_report(docqa::kSchemaName);
             std::cerr << fmt::format(
                 "[{} documents, {} tokens stored, {:.1f} MB, {} in {:.0f} ms]\n", docs.size(),

@@ -67,7 +67,8 @@ Command register_run(CLI::App& root) {
             }
             const auto schema = pml::parse_schema_file(o->schema);
             print_warnings(schema.warnings);
-            engine->add_schema(schema, progress_bar(), o->cache_file);
+            engine->add_schema(schema, progress_bar(),
+                               states_file(*engine, schema, o->cache_file, o->engine));
             const auto& first = prompts.front();
             if (o->stats) std::cerr << "[" << engine->compile_report(first.schema).source << "]\n";
             SamplingParams params = o->sampling.params;

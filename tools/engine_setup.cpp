@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -10,6 +11,9 @@
 namespace promptcache::cli {
 
 void add_engine_flags(CLI::App& app, EngineFlags& flags) {
+  app.add_option("--cache-dir", flags.cache_dir,
+                 "folder of compiled states kept between runs: a schema's file there is loaded "
+                 "when it matches the schema, model, dtypes and encoding, else compiled and saved");
   app.add_option("--encoding", flags.encoding, "module encoding: scaffold or isolated")
       ->capture_default_str();
   app.add_option(
@@ -34,6 +38,20 @@ std::unique_ptr<Engine> open_engine(const ModelOptions& model, const EngineFlags
   options.encoding = parse_encoding_mode(flags.encoding);
   options.chat_template = flags.chat_template;
   return Engine::open(model.model_dir, options);
+}
+
+std::string states_file(const Engine& engine, const pml::Schema& schema,
+                        const std::string& cache_file, const EngineFlags& flags) {
+  if (!cache_file.empty() || flags.cache_dir.empty()) return cache_file;
+  std::error_code ec;
+  std::filesystem::create_directories(flags.cache_dir, ec);
+  if (ec || !std::filesystem::is_directory(flags.cache_dir)) {
+    throw UsageError("--cache-dir " + flags.cache_dir + ": cannot create the folder" +
+                     (ec ? " (" + ec.message() + ")" : ""));
+  }
+  return (std::filesystem::path(flags.cache_dir) /
+          cache_file_name(engine.layout_only(schema), engine.model(), engine.options().encoding))
+      .string();
 }
 
 Engine::ProgressCallback progress_bar() {

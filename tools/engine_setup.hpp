@@ -11,11 +11,16 @@ namespace promptcache::cli {
 struct EngineFlags {
   std::string encoding = "scaffold";
   std::string chat_template;
+  std::string cache_dir;  // --cache-dir: where compiled states are kept between runs
 };
 void add_engine_flags(CLI::App& app, EngineFlags& flags);
 // The LoadOptions that --device, --dtype and --weights select.
 LoadOptions load_options(const ModelOptions& model);
 std::unique_ptr<Engine> open_engine(const ModelOptions& model, const EngineFlags& flags);
+// The states file for `schema`: `cache_file` when given, else the schema's own file under
+// flags.cache_dir (created when missing; cache_file_name), else "" (compile in memory only).
+std::string states_file(const Engine& engine, const pml::Schema& schema,
+                        const std::string& cache_file, const EngineFlags& flags);
 // A one-line progress bar on stderr ("compiling docs: [#####.....] 3/6 passes").
 Engine::ProgressCallback progress_bar();
 // Prints TTFT and the assembly/prefill split on stderr.

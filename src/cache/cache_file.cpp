@@ -18,7 +18,9 @@ namespace {
 
 // v2: every tensor and the metadata carry an XXH3 checksum (v1 files had none and are compiled
 // again).
-constexpr const char* kFormat = "promptcache-states-v2";
+// v3: one [layers, 2, kv_heads, n, head_dim] tensor per span, the store's own block layout, so
+// a CPU engine keeps the mapped bytes as the span's states (v2 had K and V apart: a copy).
+constexpr const char* kFormat = "promptcache-states-v3";
 
 struct Fnv64 {
   std::uint64_t h = 1469598103934665603ull;
@@ -61,8 +63,8 @@ std::string model_fingerprint(const LlamaModel& model) {
   return f.hex();
 }
 
-std::string tensor_name(std::size_t span, char kind) {
-  return "span." + std::to_string(span) + "." + kind;
+std::string tensor_name(std::size_t span) {
+  return "span." + std::to_string(span) + ".kv";
 }
 
 std::string hex64(std::uint64_t h) {
@@ -141,12 +143,75 @@ std::string layout_fingerprint(const pml::Layout& layout) {
   return f.hex();
 }
 
+std::string cache_file_name(const pml::Layout& layout, const LlamaModel& model, EncodingMode mode) {
+  Fnv64 f;
+  f.text(layout_fingerprint(layout));
+  f.text(model_fingerprint(model));
+  f.text(dtype_name(model.dtype()));
+  f.text(dtype_name(model.kv_dtype()));
+  f.text(to_string(mode));
+  return layout.schema_name + "-" + f.hex() + ".states";
+}
+
+CacheFileInfo read_cache_file_info(const std::string& path) {
+  const auto file = SafetensorsFile::open(path);
+  const auto& meta = file->metadata();
+  auto field = [&](const char* key) {
+    const auto it = meta.find(key);
+    return it == meta.end() ? std::string() : it->second;
+  };
+  CacheFileInfo info;
+  info.path = path;
+  info.format = field("format");
+  if (info.format.rfind("promptcache-states-", 0) != 0) {
+    throw Error(ErrorKind::kCacheFile, "not a promptcache states file (no 'format' metadata)",
+                {path});
+  }
+  info.current_format = info.format == kFormat;
+  info.schema = field("schema");
+  info.dtype = field("dtype");
+  info.kv_dtype = meta.count("kv_dtype") != 0 ? field("kv_dtype") : info.dtype;
+  info.encoding = field("encoding");
+  info.model_fingerprint = field("model");
+  info.layout_fingerprint = field("layout");
+  std::error_code ec;
+  info.bytes = static_cast<int64_t>(std::filesystem::file_size(path, ec));
+  for (const auto& [name, entry] : file->entries()) {
+    if (name.rfind("span.", 0) != 0) continue;
+    if (info.current_format && entry.shape.size() == 5) {
+      ++info.spans;
+      info.tokens += entry.shape[3];
+    } else if (!info.current_format && name.size() > 2 &&
+               name.compare(name.size() - 2, 2, ".k") == 0) {
+      ++info.spans;  // the earlier format: K and V apart
+    }
+  }
+  return info;
+}
+
+void verify_cache_file(const std::string& path) {
+  const auto file = SafetensorsFile::open(path);
+  const auto& meta = file->metadata();
+  const auto checksum = meta.find("metadata_xxh3");
+  if (checksum == meta.end() || checksum->second != metadata_checksum(meta)) {
+    throw Error(ErrorKind::kCacheFile,
+                "corrupt cache file: its metadata does not match its checksum", {path});
+  }
+  for (const auto& [name, entry] : file->entries()) {
+    const auto sum = meta.find("xxh3." + name);
+    if (sum == meta.end() || sum->second != tensor_checksum(file->tensor(name))) {
+      throw Error(ErrorKind::kCacheFile,
+                  "corrupt cache file: the tensor's bytes do not match its checksum",
+                  {path, 0, 0, "tensor '" + name + "'"});
+    }
+  }
+}
+
 void save_cache_file(const std::string& path, const pml::Layout& layout, const CacheStore& store,
                      const LlamaModel& model, EncodingMode mode) {
   std::map<std::string, torch::Tensor> tensors;
   for (const auto& [span, states] : store.spans_of(layout.schema_name)) {
-    tensors[tensor_name(span, 'k')] = states.k;
-    tensors[tensor_name(span, 'v')] = states.v;
+    tensors[tensor_name(span)] = states.kv;
   }
   if (tensors.empty()) {
     throw Error(ErrorKind::kInvalidArgument,
@@ -215,32 +280,34 @@ void load_cache_file(const std::string& path, const pml::Layout& layout, CacheSt
   for (std::size_t s = 0; s < layout.spans.size(); ++s) {
     const pml::Span& span = layout.spans[s];
     if (!span.cacheable || span.size() == 0) continue;
-    const std::vector<int64_t> shape = {c.num_hidden_layers, c.num_key_value_heads,
+    const std::vector<int64_t> shape = {c.num_hidden_layers, 2, c.num_key_value_heads,
                                         static_cast<int64_t>(span.size()), c.head_dim};
-    torch::Tensor parts[2];
-    for (int i = 0; i < 2; ++i) {
-      const std::string name = tensor_name(s, i == 0 ? 'k' : 'v');
-      if (!file->contains(name)) {
-        throw Error(ErrorKind::kCacheFile, "states of a span are missing",
-                    {path, 0, 0, "tensor '" + name + "'"});
-      }
-      parts[i] = file->tensor(name);
-      if (parts[i].sizes() != at::IntArrayRef(shape)) {
-        throw Error(ErrorKind::kCacheFile, "tensor has the wrong shape for its span",
-                    {path, 0, 0, "tensor '" + name + "'"});
-      }
-      const auto sum = meta.find("xxh3." + name);
-      if (sum == meta.end() || sum->second != tensor_checksum(parts[i])) {
-        throw Error(ErrorKind::kCacheFile,
-                    "corrupt cache file: the tensor's bytes do not match its checksum; compile "
-                    "again",
-                    {path, 0, 0, "tensor '" + name + "'"});
-      }
+    const std::string name = tensor_name(s);
+    const SourceLocation where{path, 0, 0, "tensor '" + name + "'"};
+    if (!file->contains(name))
+      throw Error(ErrorKind::kCacheFile, "states of a span are missing", where);
+    torch::Tensor block = file->tensor(name);
+    if (block.sizes() != at::IntArrayRef(shape)) {
+      throw Error(ErrorKind::kCacheFile, "tensor has the wrong shape for its span", where);
     }
-    // Copied off the mapping onto the model's device, so the file may be replaced later.
-    SpanStates states =
-        SpanStates::from_block(torch::stack({parts[0], parts[1]}, 1).to(model.kv_options()),
-                               static_cast<int64_t>(span.begin));
+    if (block.scalar_type() != model.kv_dtype()) {
+      throw Error(ErrorKind::kCacheFile,
+                  "tensor is stored as " + dtype_name(block.scalar_type()) +
+                      ", but the model's KV cache is " + dtype_name(model.kv_dtype()),
+                  where);
+    }
+    const auto sum = meta.find("xxh3." + name);
+    if (sum == meta.end() || sum->second != tensor_checksum(block)) {
+      throw Error(ErrorKind::kCacheFile,
+                  "corrupt cache file: the tensor's bytes do not match its checksum; compile again",
+                  where);
+    }
+    // On the CPU the span's states are the mapped bytes themselves: nothing is copied, and the
+    // attention reads them in place (read-only memory; nothing writes into stored states). A
+    // file replaced later (renamed over) leaves this mapping valid. Elsewhere they are copied
+    // onto the model's device.
+    if (!model.device().is_cpu()) block = block.to(model.kv_options());
+    SpanStates states = SpanStates::from_block(block, static_cast<int64_t>(span.begin));
     loaded.emplace(s, std::move(states));
   }
   store.erase_schema(layout.schema_name);

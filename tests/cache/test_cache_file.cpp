@@ -46,6 +46,21 @@ TEST_CASE("cache file round trip gives the same answer without compiling", "[cac
     CHECK(torch::equal(states.k, other->k));
     CHECK(torch::equal(states.v, other->v));
   }
+  // Mapped, not copied (on the CPU): every span's states are the file's own bytes, as far apart
+  // in memory as the file's tensors are apart in the file.
+  if (!second->model().device().is_cpu()) return;
+  const auto mapped = SafetensorsFile::open(file);
+  const auto& spans = second->store().spans_of("kb");
+  REQUIRE(spans.size() >= 2);
+  const auto& [first_span, first_states] = *spans.begin();
+  const auto first_entry = mapped->entries().at("span." + std::to_string(first_span) + ".kv");
+  for (const auto& [span, states] : spans) {
+    const auto entry = mapped->entries().at("span." + std::to_string(span) + ".kv");
+    CHECK(static_cast<const char*>(states.kv.data_ptr()) -
+              static_cast<const char*>(first_states.kv.data_ptr()) ==
+          static_cast<std::ptrdiff_t>(entry.begin) -
+              static_cast<std::ptrdiff_t>(first_entry.begin));
+  }
 }
 
 TEST_CASE("a stale cache file is recompiled, never used", "[cache][file]") {

@@ -139,6 +139,54 @@ XML
     "$pc" run "${args[@]:0:10}" --cache "$work/bad.states" >"$work/3.txt" 2>"$work/3.err" && fail "corrupt cache accepted"
     expect_in "bad.states" "$work/3.err"
     ;;
+  compile_cache_dir)
+    # compile into a cache folder; run and qa find the file there; cache ls/verify/rm.
+    tiny
+    d="$work/states"
+    "$pc" compile "$src/schemas/trip.xml" --model "$work/tiny" --cache-dir "$d" >"$work/c1.txt" 2>"$work/c1.err" || fail "compile: $(cat "$work/c1.err")"
+    expect_in "trip: compiled" "$work/c1.txt"
+    expect_in "compiling trip:" "$work/c1.err"
+    ls "$d"/trip-*.states >/dev/null 2>&1 || fail "no trip-*.states in the cache folder"
+    "$pc" compile "$src/schemas/trip.xml" --model "$work/tiny" --cache-dir "$d" >"$work/c2.txt" 2>&1 || fail "second compile"
+    expect_in "trip: up to date" "$work/c2.txt"
+    "$pc" compile "$src/schemas/trip.xml" --model "$work/tiny" --cache-dir "$d" --force --json >"$work/c3.json" 2>&1 || fail "forced compile"
+    python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert not j["up_to_date"] and j["tokens_stored"] > 0, j' "$work/c3.json" || fail "bad compile --json"
+    # Another KV dtype gets a file of its own beside the first.
+    "$pc" compile "$src/schemas/trip.xml" --model "$work/tiny" --cache-dir "$d" --kv-dtype bf16 >/dev/null 2>&1 || fail "bf16 compile"
+    [ "$(ls "$d"/trip-*.states | wc -l)" = 2 ] || fail "expected two files: $(ls "$d")"
+    "$pc" run --model "$work/tiny" --schema "$src/schemas/trip.xml" --prompt "$src/schemas/trip.prompt.xml" -n 4 --stats --cache-dir "$d" >"$work/r.txt" 2>"$work/r.err" || fail "run: $(cat "$work/r.err")"
+    expect_in "loaded from $d/trip-" "$work/r.err"
+    "$pc" run --model "$work/tiny" --schema "$src/schemas/trip.xml" --prompt "$src/schemas/trip.prompt.xml" -n 4 >"$work/plain.txt" 2>/dev/null || fail "run without the folder"
+    diff "$work/r.txt" "$work/plain.txt" || fail "the loaded states answer differently"
+    "$pc" cache ls --cache-dir "$d" >"$work/ls.txt" 2>&1 || fail "cache ls"
+    expect_in "trip" "$work/ls.txt"
+    expect_in "bf16" "$work/ls.txt"
+    "$pc" cache ls --cache-dir "$d" --json >"$work/ls.json" 2>&1 || fail "cache ls --json"
+    python3 -c '
+import json,sys
+rows=[json.loads(l) for l in open(sys.argv[1])]
+assert len(rows)==2 and all(r["schema"]=="trip" and r["current_format"] and r["tokens"]>0 for r in rows), rows
+assert sorted(r["kv_dtype"] for r in rows)==["bf16","f32"], rows' "$work/ls.json" || fail "bad cache ls --json"
+    "$pc" cache verify --cache-dir "$d" >"$work/v.txt" 2>&1 || fail "verify of intact files: $(cat "$work/v.txt")"
+    expect_in "2 intact, 0 corrupt" "$work/v.txt"
+    # One byte changed near the end (inside the last span's tensor): verify names file and tensor.
+    f=$(ls "$d"/trip-*.states | head -1)
+    python3 -c '
+import sys
+p=sys.argv[1]; b=bytearray(open(p,"rb").read()); b[-10]^=0x55; open(p,"wb").write(b)' "$f"
+    "$pc" cache verify --cache-dir "$d" >"$work/v2.txt" 2>&1 && fail "verify passed a corrupt file"
+    expect_in "CORRUPT" "$work/v2.txt"
+    expect_in "$f" "$work/v2.txt"
+    expect_in "tensor 'span." "$work/v2.txt"
+    "$pc" cache rm --cache-dir "$d" >"$work/rm0.txt" 2>&1 && fail "rm without a selector"
+    expect_in "--schema NAME, --stale or --all" "$work/rm0.txt"
+    "$pc" cache rm --cache-dir "$d" --schema trip --dry-run >"$work/rm1.txt" 2>&1 || fail "rm --dry-run"
+    [ "$(ls "$d"/*.states | wc -l)" = 2 ] || fail "--dry-run removed files"
+    "$pc" cache rm --cache-dir "$d" --schema trip >"$work/rm2.txt" 2>&1 || fail "rm"
+    [ -z "$(ls "$d")" ] || fail "files left: $(ls "$d")"
+    "$pc" compile "$src/schemas/trip.xml" --model "$work/tiny" >"$work/c4.txt" 2>&1 && fail "compile without a destination"
+    expect_in "--out FILE or --cache-dir DIR" "$work/c4.txt"
+    ;;
   qa)
     tiny
     echo "The meeting is on Monday at ten in the small room." >"$work/a.txt"

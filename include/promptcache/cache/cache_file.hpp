@@ -1,13 +1,14 @@
 // promptcache/cache/cache_file.hpp — compiled module states on disk.
 //
-// A cache file is a safetensors file: tensors "span.<index>.k" / "span.<index>.v" of shape
-// [layers, kv_heads, n, head_dim], and metadata that pins what the states are valid for — the
-// schema's layout (a fingerprint of every span's tokens and positions), the model (config and
-// sampled weights), the dtype and the encoding mode, and an XXH3 checksum of every tensor and of
-// the metadata. Loading checks all of it, so a file from another schema version, model or mode,
-// or one with any byte changed, is refused with an error naming the file (and the tensor)
-// instead of giving a wrong cache. Files are written to a temporary name, flushed and renamed,
-// so a crash mid-write leaves the old file or none.
+// A cache file is a safetensors file: one tensor "span.<index>.kv" of shape
+// [layers, 2 (K, V), kv_heads, n, head_dim] per stored span (the store's own block layout), and
+// metadata that pins what the states are valid for — the schema's layout (a fingerprint of every
+// span's tokens and positions), the model (config and sampled weights), the compute and KV
+// dtypes and the encoding mode, and an XXH3 checksum of every tensor and of the metadata. Loading
+// checks all of it, so a file from another schema version, model or mode, or one with any byte
+// changed, is refused with an error naming the file (and the tensor) instead of giving a wrong
+// cache. Files are written to a temporary name, flushed and renamed, so a crash mid-write leaves
+// the old file or none.
 #pragma once
 
 #include <cstdint>
@@ -23,12 +24,37 @@ namespace promptcache {
 // A stable hash of everything the states depend on in the layout.
 std::string layout_fingerprint(const pml::Layout& layout);
 
+// The file name for these states under a cache directory: "<schema>-<16 hex digits>.states",
+// the digits a hash of the layout, the model, its dtypes and the encoding mode, so schemas,
+// models and settings sharing a directory never overwrite each other's files.
+std::string cache_file_name(const pml::Layout& layout, const LlamaModel& model, EncodingMode mode);
+
+// What a cache file says about itself, from its header alone (`promptcache cache ls`).
+struct CacheFileInfo {
+  std::string path, format, schema, dtype, kv_dtype, encoding, model_fingerprint,
+      layout_fingerprint;
+  bool current_format = false;  // written by this version (older files are compiled again)
+  int64_t spans = 0;            // stored spans
+  int64_t tokens = 0;           // stored tokens (current format only)
+  int64_t bytes = 0;            // the file's size
+};
+// Error(kSafetensors) naming the file when it is not a readable safetensors file,
+// Error(kCacheFile) when it is not a promptcache states file.
+CacheFileInfo read_cache_file_info(const std::string& path);
+
+// Reads every byte and checks the metadata's checksum and every tensor's: Error(kCacheFile)
+// naming the file (and the tensor) at the first mismatch; Error(kSafetensors) when malformed.
+void verify_cache_file(const std::string& path);
+
 void save_cache_file(const std::string& path, const pml::Layout& layout, const CacheStore& store,
                      const LlamaModel& model, EncodingMode mode);
 
-// Loads the states of `layout` into the store (on the model's device). Error(kCacheFile) naming
-// the file when it does not belong to this schema layout, model, dtype or mode, when a span's
-// tensors are missing or mis-shaped, or when a checksum does not match (naming the tensor);
+// Loads the states of `layout` into the store. On the CPU the file stays memory-mapped and the
+// stored states are views of it (no copy: a span's pages are read when a request uses it); on
+// another device they are copied there. Error(kCacheFile) naming
+// the file when it does not belong to this schema layout, model, dtypes or mode (files of the
+// earlier format included), when a span's tensor is missing, mis-shaped or of another dtype, or
+// when a checksum does not match (naming the tensor);
 // Error(kSafetensors) when the file itself is malformed.
 void load_cache_file(const std::string& path, const pml::Layout& layout, CacheStore& store,
                      const LlamaModel& model, EncodingMode mode);
