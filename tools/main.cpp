@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
                                         cli::register_run(app),      cli::register_qa(app),
                                         cli::register_generate(app), cli::register_make_model(app),
                                         cli::register_tokenize(app)};
+  commands.push_back(cli::register_fidelity(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -34,9 +34,12 @@ enum class RecomputeCriterion {
   // The slots right after a gap: the first tokens of every run of contiguous positions that
   // does not start the schema, taken round-robin (offset 0 of every run, then 1, ...). Free.
   kBoundary,
+  // The cached tokens nearest the fresh text (the largest positions), which the first generated
+  // token attends to most in small models. Free.
+  kRecent,
 };
 
-// "deviation" / "boundary"; Error(kInvalidArgument) naming the value otherwise.
+// "deviation" / "boundary" / "recent"; Error(kInvalidArgument) naming the value otherwise.
 RecomputeCriterion parse_recompute_criterion(const std::string& text);
 std::string recompute_criterion_name(RecomputeCriterion criterion);
 

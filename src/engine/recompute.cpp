@@ -163,8 +163,12 @@ std::vector<int64_t> choose(const LlamaModel& model, const pml::ResolvedPrompt& 
     std::iota(all.begin(), all.end(), int64_t{0});
     return all;
   }
-  if (criterion == RecomputeCriterion::kBoundary)
+  if (criterion == RecomputeCriterion::kBoundary) {
     return top_slots(boundary_scores(cache, reserved), count);
+  }
+  if (criterion == RecomputeCriterion::kRecent) {
+    return top_slots(std::vector<double>(reserved.begin(), reserved.end()), count);
+  }
   return top_slots(deviation_scores(model, resolved, map, cache), count);
 }
 
@@ -173,12 +177,21 @@ std::vector<int64_t> choose(const LlamaModel& model, const pml::ResolvedPrompt& 
 RecomputeCriterion parse_recompute_criterion(const std::string& text) {
   if (text == "deviation") return RecomputeCriterion::kDeviation;
   if (text == "boundary") return RecomputeCriterion::kBoundary;
+  if (text == "recent") return RecomputeCriterion::kRecent;
   throw Error(ErrorKind::kInvalidArgument,
-              "unknown recompute criterion '" + text + "' (use deviation or boundary)");
+              "unknown recompute criterion '" + text + "' (use deviation, boundary or recent)");
 }
 
 std::string recompute_criterion_name(RecomputeCriterion criterion) {
-  return criterion == RecomputeCriterion::kBoundary ? "boundary" : "deviation";
+  switch (criterion) {
+    case RecomputeCriterion::kBoundary:
+      return "boundary";
+    case RecomputeCriterion::kRecent:
+      return "recent";
+    case RecomputeCriterion::kDeviation:
+      break;
+  }
+  return "deviation";
 }
 
 void check_recompute_fraction(double fraction, const std::string& what) {
@@ -201,8 +214,9 @@ std::vector<int64_t> choose_recompute_slots(const LlamaModel& model,
                                             int64_t count, RecomputeCriterion criterion) {
   const BaselineMap map = map_to_baseline(resolved, assembled, cache);
   const std::vector<int64_t> reserved = cache.positions();
-  // The boundary criterion reads the provenance tags, which moving the slots drops.
-  if (criterion == RecomputeCriterion::kBoundary) {
+  // The boundary and recent criteria read the provenance tags and reserved positions, which
+  // moving the slots replaces.
+  if (criterion != RecomputeCriterion::kDeviation) {
     auto slots = choose(model, resolved, map, cache, reserved, count, criterion);
     move_to_baseline(model, cache, map.cached_position);
     return slots;

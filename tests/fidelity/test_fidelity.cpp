@@ -101,7 +101,8 @@ TEST_CASE("a gap prompt drifts at r = 0 and r = 1 equals the no-cache logits", "
     KVCache plain = engine->model().make_cache(0);
     const auto base = engine->prefill(resolved, plain, false);
     for (RecomputeCriterion criterion :
-         {RecomputeCriterion::kDeviation, RecomputeCriterion::kBoundary}) {
+         {RecomputeCriterion::kDeviation, RecomputeCriterion::kBoundary,
+          RecomputeCriterion::kRecent}) {
       for (bool in_place : {true, false}) {
         KVCache cached = engine->model().make_cache(0), full = engine->model().make_cache(0);
         const auto r0 =
@@ -176,7 +177,8 @@ TEST_CASE("recompute criteria choose slots deterministically", "[fidelity]") {
   const auto resolved = engine->resolve(pml::parse_prompt_string(kGapPrompt));
   const auto& layout = engine->layout("story");
   for (RecomputeCriterion criterion :
-       {RecomputeCriterion::kDeviation, RecomputeCriterion::kBoundary}) {
+       {RecomputeCriterion::kDeviation, RecomputeCriterion::kBoundary,
+        RecomputeCriterion::kRecent}) {
     std::vector<std::vector<int64_t>> picks;
     int64_t cached = 0;
     for (int run = 0; run < 2; ++run) {
@@ -197,6 +199,10 @@ TEST_CASE("recompute criteria choose slots deterministically", "[fidelity]") {
       // Slot 0 starts the schema (BOS, system prompt: exact), so the first picks are the first
       // tokens after each gap, never slot 0.
       CHECK(picks[0].front() > 0);
+    }
+    if (criterion == RecomputeCriterion::kRecent) {  // the five cached slots nearest the text
+      CHECK(picks[0] ==
+            std::vector<int64_t>{cached - 5, cached - 4, cached - 3, cached - 2, cached - 1});
     }
   }
 }
