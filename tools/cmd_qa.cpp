@@ -7,6 +7,7 @@
 
 #include "docqa.hpp"
 #include "engine_setup.hpp"
+#include "recompute_flags.hpp"
 
 namespace promptcache::cli {
 
@@ -15,6 +16,7 @@ Command register_qa(CLI::App& root) {
     ModelOptions model;
     SamplingOptions sampling;
     EngineFlags engine;
+    RecomputeFlags recompute;
     std::vector<std::string> docs;
     std::vector<std::string> questions;
     std::string system = "Answer the question using only the documents given to you.";
@@ -32,6 +34,7 @@ Command register_qa(CLI::App& root) {
   add_model_options(*app, o->model);
   add_sampling_options(*app, o->sampling);
   add_engine_flags(*app, o->engine);
+  add_recompute_flags(*app, o->recompute);
   app->add_option("--docs,-d", o->docs, "document files or folders of .txt/.md files")->required();
   app->add_option("--question,-q", o->questions,
                   "answer this and exit (else: interactive); several are answered as one batch");
@@ -52,12 +55,18 @@ Command register_qa(CLI::App& root) {
             params.stop_strings = o->sampling.stop;
             std::vector<std::string> selected;
             for (const auto& d : docs) selected.push_back(d.module);
+            RequestOptions request;
+            const RecomputeOptions recompute = recompute_options(o->recompute);
+            request.recompute = recompute.fraction;
+            request.recompute_criterion = recompute.criterion;
             auto answer = [&](const std::string& question) {
-              const auto r = engine->generate_xml(docqa::prompt_xml(selected, question), params,
-                                                  [](TokenId, const std::string& s) {
-                                                    std::cout << s << std::flush;
-                                                    return true;
-                                                  });
+              const auto r = engine->generate_xml(
+                  docqa::prompt_xml(selected, question), params,
+                  [](TokenId, const std::string& s) {
+                    std::cout << s << std::flush;
+                    return true;
+                  },
+                  request);
               std::cout << "\n";
               std::cerr << fmt::format("[TTFT {:.1f} ms; {} cached{} + {} fresh tokens]\n",
                                        r.timings.ttft_ms, r.cached_tokens,
@@ -73,7 +82,7 @@ Command register_qa(CLI::App& root) {
               for (const auto& q : o->questions) {
                 prompts.push_back(pml::parse_prompt_string(docqa::prompt_xml(selected, q)));
               }
-              const auto answers = engine->generate_batch(prompts, params);
+              const auto answers = engine->generate_batch(prompts, params, {}, request);
               for (std::size_t i = 0; i < answers.size(); ++i) {
                 std::cout << "Q: " << o->questions[i] << "\n"
                           << answers[i].text << "\n"

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine_setup.hpp"
+#include "recompute_flags.hpp"
 
 namespace promptcache::cli {
 
@@ -21,6 +22,7 @@ nlohmann::json response_json(const Response& r, bool cached) {
           {"reused_tokens", r.reused_tokens},
           {"in_place_tokens", r.in_place_tokens},
           {"fresh_tokens", r.fresh_tokens},
+          {"recomputed_tokens", r.recomputed_tokens},
           {"kv_bytes", r.kv_bytes}};
 }
 
@@ -29,6 +31,7 @@ Command register_run(CLI::App& root) {
     ModelOptions model;
     SamplingOptions sampling;
     EngineFlags engine;
+    RecomputeFlags recompute;
     std::string schema, cache_file;
     std::vector<std::string> prompts;
     bool no_cache = false, stats = false, json = false;
@@ -45,6 +48,7 @@ Command register_run(CLI::App& root) {
   add_model_options(*app, o->model);
   add_sampling_options(*app, o->sampling);
   add_engine_flags(*app, o->engine);
+  add_recompute_flags(*app, o->recompute);
   app->add_option("--schema,-s", o->schema, "schema XML file")
       ->required()
       ->check(CLI::ExistingFile);
@@ -74,10 +78,13 @@ Command register_run(CLI::App& root) {
             SamplingParams params = o->sampling.params;
             params.stop_strings = o->sampling.stop;
             const bool cached = !o->no_cache;
+            RequestOptions request{cached};
+            const RecomputeOptions recompute = recompute_options(o->recompute);
+            request.recompute = recompute.fraction;
+            request.recompute_criterion = recompute.criterion;
             if (prompts.size() > 1) {
               // One batch: the answers come when every prompt is done, each under its file name.
-              const auto responses =
-                  engine->generate_batch(prompts, params, {}, RequestOptions{cached});
+              const auto responses = engine->generate_batch(prompts, params, {}, request);
               for (std::size_t i = 0; i < responses.size(); ++i) {
                 if (o->json) {
                   auto j = response_json(responses[i], cached);
@@ -99,7 +106,7 @@ Command register_run(CLI::App& root) {
                 return true;
               };
             }
-            const auto r = engine->generate(first, params, stream, RequestOptions{cached});
+            const auto r = engine->generate(first, params, stream, request);
             if (o->json) {
               std::cout << response_json(r, cached).dump() << "\n";
             } else {

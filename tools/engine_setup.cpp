@@ -81,6 +81,7 @@ std::string cached_detail(const Response& r, const std::string& request) {
     parts.push_back(fmt::format("{} kept from the last {}", r.reused_tokens, request));
   }
   if (r.in_place_tokens > 0) parts.push_back(fmt::format("{} read in place", r.in_place_tokens));
+  if (r.recomputed_tokens > 0) parts.push_back(fmt::format("{} recomputed", r.recomputed_tokens));
   if (parts.empty()) return "";
   std::string out = " (" + parts[0];
   for (std::size_t i = 1; i < parts.size(); ++i) out += ", " + parts[i];

@@ -25,6 +25,7 @@
 #include "promptcache/pml/layout.hpp"
 #include "promptcache/pml/prompt.hpp"
 #include "promptcache/pml/schema.hpp"
+#include "promptcache/recompute.hpp"
 
 namespace promptcache {
 
@@ -48,6 +49,11 @@ struct RequestOptions {
   // with the fused kernel; AssembleOptions::in_place); false copies them into the buffer (for
   // comparison: bench_ttft's copied_* columns). Single prompts only; a batch always copies.
   bool in_place = true;
+  // The share r in [0, 1] of the cached tokens whose states are recomputed in the prompt's full
+  // context, chosen by recompute_criterion (promptcache/recompute.hpp, docs/fidelity.md): 0 is
+  // plain Prompt Cache, 1 the no-cache result. Single prompts only (generate_batch refuses it).
+  double recompute = 0;
+  RecomputeCriterion recompute_criterion = RecomputeCriterion::kDeviation;
 };
 
 struct ResponseTimings {
@@ -68,7 +74,8 @@ struct Response {
   int64_t reused_tokens = 0;    // of those, tokens already in the buffer from the previous request
   int64_t in_place_tokens = 0;  // of those, tokens read in place from the store (not copied)
   int64_t fresh_tokens = 0;     // prompt tokens run through the model
-  int64_t kv_bytes = 0;         // bytes copied into the KV cache (none for in-place tokens)
+  int64_t recomputed_tokens = 0;  // cached tokens run again (RequestOptions::recompute)
+  int64_t kv_bytes = 0;           // bytes copied into the KV cache (none for in-place tokens)
 };
 
 // Called for every generated token of prompt `index` of a batch, as TokenCallback is for one
@@ -134,11 +141,14 @@ class Engine {
     torch::Tensor logits;  // [vocab] float32, after the last prompt token
     AssembledPrompt assembled;
     double prefill_ms = 0;
+    int64_t recomputed_tokens = 0;  // `recompute`'s share of the cached tokens
   };
   // `assembly`: whether spans `cache` already holds from an earlier prefill are kept, and
-  // whether the others are read in place (Assembler::assemble).
+  // whether the others are read in place (Assembler::assemble). `recompute` (cached only): see
+  // RequestOptions::recompute; the slots it rewrites are copied, never changed in the store.
   Prefill prefill(const pml::ResolvedPrompt& resolved, KVCache& cache, bool use_cache,
-                  int64_t extra_capacity = 0, const AssembleOptions& assembly = {}) const;
+                  int64_t extra_capacity = 0, const AssembleOptions& assembly = {},
+                  const RecomputeOptions& recompute = {}) const;
 
   // A batch's KV cache (batch = prompts) and each prompt's last-position logits.
   struct BatchPrefill {

@@ -7,6 +7,7 @@
 #include "promptcache/cache/store.hpp"
 #include "promptcache/engine.hpp"
 #include "promptcache/error.hpp"
+#include "promptcache/fidelity.hpp"
 #include "promptcache/generation.hpp"
 #include "promptcache/model/config.hpp"
 #include "promptcache/model/cpu_linear.hpp"

@@ -190,14 +190,19 @@ pml::ResolvedPrompt Engine::resolve(const pml::Prompt& prompt) const {
 }
 
 Engine::Prefill Engine::prefill(const pml::ResolvedPrompt& resolved, KVCache& cache, bool use_cache,
-                                int64_t extra_capacity, const AssembleOptions& assembly) const {
+                                int64_t extra_capacity, const AssembleOptions& assembly,
+                                const RecomputeOptions& recompute) const {
   Prefill out;
   const auto int64 = torch::TensorOptions().dtype(torch::kInt64);
   const int64_t limit = model_->config().max_position_embeddings;
   check_context(max_position_of(resolved, use_cache), limit, "the prompt", resolved.where);
   if (use_cache) {
     const pml::Layout& lay = layout(resolved.schema);
-    out.assembled = Assembler().assemble(resolved, lay, store_, cache, extra_capacity, assembly);
+    // Room for the recomputed tokens, which run after the cached slots before they move back.
+    const int64_t recomputed =
+        recompute_count(recompute.fraction, static_cast<int64_t>(resolved.baseline.size()));
+    out.assembled =
+        Assembler().assemble(resolved, lay, store_, cache, extra_capacity + recomputed, assembly);
   } else {
     out.assembled = baseline_prompt(resolved);
     cache.clear();
@@ -207,10 +212,17 @@ Engine::Prefill Engine::prefill(const pml::ResolvedPrompt& resolved, KVCache& ca
   const auto& fresh = out.assembled.fresh_tokens;
   const double start = now_ms();
   std::vector<int64_t> ids(fresh.begin(), fresh.end());
-  auto logits =
-      model_->forward(torch::tensor(ids, int64).unsqueeze(0),
-                      torch::tensor(out.assembled.fresh_positions, int64).unsqueeze(0), cache);
-  out.logits = logits.reshape({-1});
+  if (use_cache && recompute.fraction > 0 && out.assembled.cached_tokens > 0) {
+    RecomputeReport report;
+    out.logits = recompute_prefill(*model_, resolved, out.assembled, cache, recompute, &report);
+    out.recomputed_tokens = report.recomputed_tokens;
+  } else {
+    out.logits =
+        model_
+            ->forward(torch::tensor(ids, int64).unsqueeze(0),
+                      torch::tensor(out.assembled.fresh_positions, int64).unsqueeze(0), cache)
+            .reshape({-1});
+  }
   synchronize(out.logits);
   out.prefill_ms = now_ms() - start;
   return out;
@@ -225,7 +237,8 @@ Response Engine::generate(const pml::Prompt& prompt, const SamplingParams& param
       decode_room(params.max_new_tokens, model_->config().max_position_embeddings);
   if (buffer_.layers() == 0) buffer_ = model_->make_cache(0);
   Prefill pre = prefill(resolved, buffer_, request.use_cache, extra,
-                        AssembleOptions{request.reuse_buffer, request.in_place});
+                        AssembleOptions{request.reuse_buffer, request.in_place},
+                        RecomputeOptions{request.recompute, request.recompute_criterion});
   GenerationTimings gt;
   gt.prefill_ms = pre.prefill_ms;
   gt.prefill_tokens = static_cast<int64_t>(pre.assembled.fresh_tokens.size());
@@ -246,6 +259,7 @@ Response Engine::generate(const pml::Prompt& prompt, const SamplingParams& param
   r.reused_tokens = pre.assembled.reused_tokens;
   r.in_place_tokens = pre.assembled.in_place_tokens;
   r.fresh_tokens = static_cast<int64_t>(pre.assembled.fresh_tokens.size());
+  r.recomputed_tokens = pre.recomputed_tokens;
   r.kv_bytes = pre.assembled.kv_bytes;
   return r;
 }
@@ -322,6 +336,10 @@ std::vector<Response> Engine::generate_batch(const std::vector<pml::Prompt>& pro
   const double start = now_ms();
   if (prompts.empty()) return {};
   params.validate();
+  if (request.recompute != 0) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "recompute applies to single prompts; generate_batch takes recompute = 0");
+  }
   const auto rows = static_cast<int64_t>(prompts.size());
   std::vector<pml::ResolvedPrompt> resolved;
   for (const auto& p : prompts) resolved.push_back(resolve(p));

@@ -660,7 +660,10 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
   // Layers with a sliding window: the same inputs, with the window in the mask.
   const LayerInputs in_window =
       config_.traits.sliding_window > 0 ? windowed(in, positions, cache, n) : in;
-  for (std::size_t i = 0; i < layers_.size(); ++i) {
+  const std::size_t run_layers =
+      options.layers > 0 ? std::min(layers_.size(), static_cast<std::size_t>(options.layers))
+                         : layers_.size();
+  for (std::size_t i = 0; i < run_layers; ++i) {
     const Layer& layer = layers_[i];
     x.add_(attention(layer, static_cast<int64_t>(i), norm(x, layer.input_norm), cache,
                      layer.sliding ? in_window : in));
@@ -677,6 +680,7 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
   cache.commit(row_positions(0));
   // Rows of a batch may hold other positions (the sliding window reads them).
   for (int64_t r = 1; r < rows.size(0); ++r) cache.set_row_positions(r, past, row_positions(r));
+  if (run_layers < layers_.size()) return x;
   if (!options.all_logits) x = x.narrow(1, n - 1, 1);
   x = norm(x, final_norm_);
   return linear_layer(x, lm_head_).to(torch::kFloat32);

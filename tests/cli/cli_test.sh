@@ -330,6 +330,27 @@ PY
     "$pc" generate --model "$work/tiny" --text "Once upon a time" -n 5 --json >"$work/out.json" 2>"$work/err" || fail "generate: $(cat "$work/err")"
     python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert len(j["token_ids"])==5 and j["ttft_ms"]>0' "$work/out.json" || fail "bad json"
     ;;
+  fidelity)
+    # r = 1 gives the no-cache answer; r out of [0, 1] is a usage error; run reports the recompute.
+    tiny
+    "$pc" fidelity --model "$work/tiny" --schema "$src/schemas/trip.xml" --prompt "$src/schemas/trip.prompt.xml" \
+      --recompute 1 --tokens 8 --json >"$work/f.json" 2>"$work/f.err" || fail "fidelity: $(cat "$work/f.err")"
+    python3 -c 'import json,sys
+rows=[json.loads(l) for l in open(sys.argv[1])]
+p,s=rows[0],rows[-1]
+assert p["first_token_kl"] < 1e-6 and p["exact"] and p["recomputed_tokens"] == p["cached_tokens"] > 0, p
+assert s["summary"] and s["prompts"] == 1 and s["first_token_agreement"] == 1.0, s' "$work/f.json" || fail "bad fidelity result: $(cat "$work/f.json")"
+    "$pc" fidelity --model "$work/tiny" --schema "$src/schemas/trip.xml" --prompt "$src/schemas/trip.prompt.xml" \
+      --recompute 0 --tokens 4 >"$work/f.txt" 2>&1 || fail "fidelity text: $(cat "$work/f.txt")"
+    expect_in "first-token agreement" "$work/f.txt"
+    "$pc" fidelity --model "$work/tiny" --schema "$src/schemas/trip.xml" --prompt "$src/schemas/trip.prompt.xml" \
+      --recompute 1.5 >"$work/bad.txt" 2>&1; rc=$?
+    [ "$rc" = 2 ] || fail "--recompute 1.5 exit $rc, expected 2"
+    expect_in "--recompute" "$work/bad.txt"
+    "$pc" run --model "$work/tiny" --schema "$src/schemas/trip.xml" --prompt "$src/schemas/trip.prompt.xml" \
+      --recompute 0.2 --recompute-criterion boundary -n 2 --json >"$work/r.json" 2>"$work/r.err" || fail "run --recompute: $(cat "$work/r.err")"
+    python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["recomputed_tokens"] > 0 and len(j["token_ids"]) == 2, j' "$work/r.json" || fail "bad run --recompute result"
+    ;;
   *) fail "unknown case" ;;
 esac
 echo "PASS ($case_name)"

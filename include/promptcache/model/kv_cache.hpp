@@ -122,6 +122,8 @@ class KVCache {
   // (clear, or truncate below its end); appending never touches it.
   void tag_source(const SlotSource& tag);
   const std::vector<SlotSource>& sources() const { return sources_; }
+  // Forgets every provenance record, for a caller that rewrote slots (recompute.hpp).
+  void forget_sources() { sources_.clear(); }
 
   // Bytes one token occupies across all layers: 2 x layers x kv_heads x head_dim x dtype size.
   int64_t bytes_per_token() const;

@@ -70,6 +70,10 @@ struct ForwardOptions {
   // enters the attention product with weight 0, and 0 x NaN is NaN.
   // Undefined = every cached slot plus the new tokens causally (ordinary incremental decoding).
   torch::Tensor attention_mask;
+  // Run only the first `layers` layers (> 0; 0 = all) and return their output hidden states
+  // [batch, n, hidden] (the model's dtype) instead of logits. The later layers' slots of the new
+  // tokens are left unwritten: for a cache used for nothing else (recompute.hpp's deviation pass).
+  int64_t layers = 0;
 };
 
 class LlamaModel {

@@ -1,0 +1,266 @@
+// bench_fidelity — how far cached answers drift from no-cache ones, and what recompute buys back.
+//
+// Two parts, one JSON line per setting:
+//  * fidelity (stories260K, ../shared/models/stories260K or --model DIR): four schemas of 4-8
+//    story paragraphs (the same pool of paragraphs in different subsets and orders), and
+//    --prompts prompts (default 200, seed --seed) that each select a random subset of one schema
+//    that is not a prefix of it (so at least one module follows a gap or other modules than it
+//    was compiled after), then a continuation cue. For every r of --recompute and criterion of
+//    --criteria: first-token agreement and KL against the no-cache run, 24- and --tokens-token
+//    (default 32) greedy exact agreement, mean tokens before the first divergence, the
+//    log-likelihood per token of the no-cache greedy continuation under the cached run, TTFT.
+//  * speed (a synthetic --shape model, default bench-small): a --schema-token (default 2048)
+//    document schema of 128-token modules, a prompt selecting all but its second module, then
+//    --fresh (default 16) fresh tokens. Cached TTFT at every r and criterion against the
+//    no-cache TTFT, all measured in this run, best of --repeats (default 3), repeats interleaved.
+//
+//   build/benchmarks/bench_fidelity [--part fidelity,speed] [--recompute 0,0.05,0.1,0.2,0.3,0.5,1]
+//       [--criteria deviation,boundary] [--prompts 200] [--seed 7] [--tokens 32] [--model DIR]
+//       [--shape bench-small] [--schema 2048] [--fresh 16] [--repeats 3] [--threads N]
+#include <torch/types.h>
+
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "bench_common.hpp"
+#include "bench_engine.hpp"
+#include "promptcache/fidelity.hpp"
+#include "promptcache/model/threads.hpp"
+
+using namespace promptcache;
+
+namespace {
+
+// Story paragraphs in the style of the TinyStories data stories260K was trained on.
+const std::vector<std::string> kParagraphs = {
+    "Once upon a time, there was a little girl named Lily. She lived in a small house with her "
+    "mom and dad.",
+    "Lily had a big red ball. She loved to play with it in the park every day.",
+    "One day, a little dog came to the park. The dog was brown and had a long tail.",
+    "The dog saw the ball and wanted to play too. He ran to Lily and wagged his tail.",
+    "Tom was Lily's best friend. He liked to run and jump and climb the big tree.",
+    "It was a sunny day. The sky was blue and the birds were singing in the trees.",
+    "Mom made a cake for the party. It was big and sweet and had pink flowers on top.",
+    "The cat was sleeping on the bed. It was soft and warm and it liked to purr.",
+    "Then it started to rain. Everyone ran home and sat by the warm fire.",
+    "Ben had a toy car. It was blue and fast and he took it everywhere he went.",
+    "The sun went down and the stars came out. Lily looked at the moon and smiled.",
+    "At the beach, they built a big castle out of sand and found a pretty shell.",
+};
+
+const std::vector<std::string> kCues = {
+    "One day,",      "Then,",   "The next day, Lily",     "After that, they", "Suddenly,",
+    "Lily said,",    "The dog", "At the end of the day,", "Mom said,",        "They were happy",
+    "Tom wanted to", "So they",
+};
+
+// Schemas: (name, paragraph indices in order).
+const std::vector<std::pair<std::string, std::vector<int>>> kSchemas = {
+    {"park", {0, 1, 2, 3, 5}},
+    {"friends", {4, 9, 1, 6, 0, 10, 8}},
+    {"home", {7, 6, 0, 8, 10, 3}},
+    {"day", {5, 11, 2, 4, 9, 7, 1, 8}},
+};
+
+std::string schema_xml(const std::string& name, const std::vector<int>& paragraphs) {
+  std::ostringstream xml;
+  xml << "<schema name=\"" << name << "\">";
+  for (std::size_t i = 0; i < paragraphs.size(); ++i) {
+    xml << "<module name=\"p" << i << "\">" << kParagraphs[paragraphs[i]] << "</module>";
+  }
+  xml << "</schema>";
+  return xml.str();
+}
+
+// `count` prompts, each a random non-prefix subset of one schema's modules, then a cue.
+std::vector<std::string> make_prompts(int count, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::string> out;
+  while (static_cast<int>(out.size()) < count) {
+    const auto& [name, paragraphs] = kSchemas[rng() % kSchemas.size()];
+    const int modules = static_cast<int>(paragraphs.size());
+    std::vector<bool> chosen(modules, false);
+    int picked = 0;
+    for (int i = 0; i < modules; ++i) {
+      chosen[i] = rng() % 2 == 0;
+      picked += chosen[i] ? 1 : 0;
+    }
+    bool prefix = true;  // chosen = {0, ..., picked - 1}
+    for (int i = 0; i < modules; ++i) prefix = prefix && chosen[i] == (i < picked);
+    if (picked < 2 || prefix) continue;
+    std::ostringstream xml;
+    xml << "<prompt schema=\"" << name << "\">";
+    for (int i = 0; i < modules; ++i) {
+      if (chosen[i]) xml << "<p" << i << "/>";
+    }
+    xml << " " << kCues[rng() % kCues.size()] << "</prompt>";
+    out.push_back(xml.str());
+  }
+  return out;
+}
+
+std::vector<double> parse_doubles(const std::string& text) {
+  std::vector<double> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) out.push_back(std::stod(item));
+  return out;
+}
+
+void fidelity_part(const bench::Flags& flags, const std::vector<double>& fractions,
+                   const std::vector<std::string>& criteria) {
+  namespace fs = std::filesystem;
+  // Run from the repository root: ../shared beside it holds the model.
+  const std::string dir = flags.text("model", "../shared/models/stories260K");
+  if (!fs::exists(fs::path(dir) / "config.json")) {
+    std::cerr << "bench_fidelity: SKIPPED the fidelity part: " << dir
+              << " is absent (give --model DIR)\n";
+    return;
+  }
+  EngineOptions options;
+  options.chat_template = "plain";
+  auto engine = Engine::open(dir, options);
+  for (const auto& [name, paragraphs] : kSchemas) {
+    engine->add_schema_string(schema_xml(name, paragraphs));
+  }
+  const int count = flags.integer("prompts", 200);
+  const auto seed = static_cast<unsigned>(flags.integer("seed", 7));
+  const int tokens = flags.integer("tokens", 32);
+  std::vector<pml::Prompt> prompts;
+  for (const auto& xml : make_prompts(count, seed))
+    prompts.push_back(pml::parse_prompt_string(xml));
+  for (const auto& criterion : criteria) {
+    for (double r : fractions) {
+      if (r == 0 && criterion != criteria.front()) continue;  // r = 0 runs no criterion
+      FidelityOptions fo;
+      fo.tokens = tokens;
+      fo.recompute = {r, parse_recompute_criterion(criterion)};
+      std::vector<PromptFidelity> results;
+      int exact24 = 0;
+      for (const auto& p : prompts) {
+        results.push_back(measure_fidelity(*engine, p, fo));
+        const auto& f = results.back();
+        exact24 += f.exact || f.agreed_tokens >= 24 ? 1 : 0;
+      }
+      const auto s = summarize_fidelity(results);
+      nlohmann::json j = {{"bench", "fidelity"},
+                          {"model", "stories260K"},
+                          {"prompts", s.prompts},
+                          {"seed", seed},
+                          {"recompute", r},
+                          {"criterion", r == 0 ? "none" : criterion},
+                          {"recomputed_share", s.recomputed_share},
+                          {"first_token_agreement", s.first_token_agreement},
+                          {"mean_first_token_kl", s.mean_first_token_kl},
+                          {"exact_24", static_cast<double>(exact24) / s.prompts},
+                          {"tokens", tokens},
+                          {"exact_" + std::to_string(tokens), s.exact_agreement},
+                          {"mean_agreed_tokens", s.mean_agreed_tokens},
+                          {"logprob_per_token", s.mean_logprob_per_token},
+                          {"baseline_logprob_per_token", s.mean_baseline_logprob_per_token},
+                          {"cached_ttft_ms", s.cached_ttft_ms},
+                          {"baseline_ttft_ms", s.baseline_ttft_ms}};
+      std::cout << j.dump() << std::endl;
+    }
+  }
+}
+
+void speed_part(const bench::Flags& flags, const std::vector<double>& fractions,
+                const std::vector<std::string>& criteria, const ThreadSettings& threads) {
+  const std::string shape = flags.text("shape", "bench-small");
+  const auto owner = bench::synthetic_engine("bench_fidelity", shape, "cpu", "f32");
+  Engine& engine = *owner;
+  const auto words = bench::corpus_words();
+  const int schema_tokens = flags.integer("schema", 2048), fresh = flags.integer("fresh", 16);
+  const int repeats = flags.integer("repeats", 3);
+  std::ostringstream xml, refs;
+  xml << "<schema name=\"docs\">";
+  std::size_t from = 0;
+  int remaining = schema_tokens - 1, modules = 0;
+  while (remaining > 0) {
+    const int n = std::min(128, remaining);
+    xml << "<module name=\"d" << modules << "\">"
+        << bench::text_of_tokens(engine.tokenizer(), words, from, n) << "</module>";
+    if (modules != 1) refs << "<d" << modules << "/>";  // a gap after the first module
+    remaining -= n;
+    ++modules;
+  }
+  xml << "</schema>";
+  engine.add_schema_string(xml.str());
+  std::size_t qfrom = 7;
+  const std::string prompt = "<prompt schema=\"docs\">" + refs.str() +
+                             bench::text_of_tokens(engine.tokenizer(), words, qfrom, fresh) +
+                             "</prompt>";
+  SamplingParams one;
+  one.max_new_tokens = 1;
+  struct Setting {
+    double r;
+    std::string criterion;
+    std::vector<double> ttft;
+    Response last;
+  };
+  std::vector<Setting> settings;
+  settings.push_back({-1, "no cache", {}, {}});
+  for (const auto& criterion : criteria) {
+    for (double r : fractions) {
+      if (r == 0 && criterion != criteria.front()) continue;
+      settings.push_back({r, r == 0 ? "none" : criterion, {}, {}});
+    }
+  }
+  for (int rep = 0; rep < repeats; ++rep) {
+    for (auto& s : settings) {
+      RequestOptions request;
+      request.use_cache = s.r >= 0;
+      request.reuse_buffer = false;
+      request.recompute = std::max(0.0, s.r);
+      if (s.r > 0) request.recompute_criterion = parse_recompute_criterion(s.criterion);
+      s.last = engine.generate_xml(prompt, one, {}, request);
+      s.ttft.push_back(s.last.timings.ttft_ms);
+    }
+  }
+  const double uncached = bench::best_time(settings[0].ttft);
+  for (const auto& s : settings) {
+    if (s.r < 0) continue;
+    const double cached = bench::best_time(s.ttft);
+    nlohmann::json j = {{"bench", "fidelity_speed"},
+                        {"shape", shape},
+                        {"cached_tokens", s.last.cached_tokens},
+                        {"fresh_tokens", s.last.fresh_tokens},
+                        {"recompute", s.r},
+                        {"criterion", s.criterion},
+                        {"recomputed_tokens", s.last.recomputed_tokens},
+                        {"uncached_ttft_ms", uncached},
+                        {"cached_ttft_ms", cached},
+                        {"speedup", uncached / cached},
+                        {"cached_ttft_ms_median", bench::median_time(s.ttft)},
+                        {"uncached_ttft_ms_median", bench::median_time(settings[0].ttft)},
+                        {"repeats", repeats}};
+    j.update(bench::run_facts(engine, "cpu", "f32", threads));
+    std::cout << j.dump() << std::endl;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bench::Flags flags(argc, argv, "bench_fidelity",
+                           {"part", "recompute", "criteria", "prompts", "seed", "tokens", "model",
+                            "shape", "schema", "fresh", "repeats", "threads"});
+  const auto threads = configure_threads(flags.integer("threads", 0));
+  const auto fractions = parse_doubles(flags.text("recompute", "0,0.05,0.1,0.2,0.3,0.5,1"));
+  const auto criteria = flags.words("criteria", "deviation,boundary");
+  for (const auto& part : flags.words("part", "fidelity,speed")) {
+    if (part == "fidelity") {
+      fidelity_part(flags, fractions, criteria);
+    } else if (part == "speed") {
+      speed_part(flags, fractions, criteria, threads);
+    } else {
+      std::cerr << "bench_fidelity: unknown --part " << part << " (fidelity, speed)\n";
+      return 2;
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Plots bench_fidelity results (JSON lines) as one SVG, with no plotting library.
+
+    python3 benchmarks/plot_fidelity.py docs/data/fidelity-DATE.jsonl docs/img/fidelity.svg
+
+Left: first-token agreement and exact 24-token greedy agreement on stories260K against
+the recompute share r, one line per criterion (r = 0 is shared). Right: cached TTFT speedup over
+no cache on the speed model against r.
+"""
+import json
+import sys
+
+rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+out = sys.argv[2]
+fid = [r for r in rows if r.get("bench") == "fidelity"]
+speed = [r for r in rows if r.get("bench") == "fidelity_speed"]
+criteria = sorted({r["criterion"] for r in fid + speed if r["criterion"] != "none"})
+
+W, H, PAD = 460, 320, 55
+colors = {"deviation": "#1f77b4", "boundary": "#d62728", "recent": "#2ca02c"}
+dashes = {"first_token_agreement": "", "exact_24": "6,3", "exact_32": "2,3"}
+labels = {"first_token_agreement": "first token", "exact_24": "24-token exact",
+          "exact_32": "32-token exact"}
+
+
+def series(data, criterion, key):
+    pts = [(r["recompute"], r[key]) for r in data
+           if r["criterion"] in (criterion, "none") and key in r]
+    return sorted(pts)
+
+
+def panel(x0, title, ylabel, ymin, ymax, lines, yticks):
+    s = [f'<g transform="translate({x0},0)">',
+         f'<text x="{W / 2}" y="20" text-anchor="middle" font-size="14">{title}</text>']
+    def px(x):
+        return PAD + x * (W - PAD - 15)
+    def py(y):
+        return H - PAD - (y - ymin) / (ymax - ymin) * (H - PAD - 35)
+    s.append(f'<rect x="{PAD}" y="35" width="{W - PAD - 15}" height="{H - PAD - 35}" '
+             'fill="none" stroke="#444"/>')
+    for t in [0, 0.1, 0.2, 0.3, 0.5, 1.0]:
+        s.append(f'<line x1="{px(t)}" y1="{H - PAD}" x2="{px(t)}" y2="{H - PAD + 4}" stroke="#444"/>')
+        s.append(f'<text x="{px(t)}" y="{H - PAD + 16}" text-anchor="middle" font-size="11">{t:g}</text>')
+    for t in yticks:
+        s.append(f'<line x1="{PAD}" y1="{py(t)}" x2="{W - 15}" y2="{py(t)}" stroke="#ddd"/>')
+        s.append(f'<text x="{PAD - 5}" y="{py(t) + 4}" text-anchor="end" font-size="11">{t:g}</text>')
+    s.append(f'<text x="{W / 2}" y="{H - 15}" text-anchor="middle" font-size="12">'
+             'recompute share r</text>')
+    s.append(f'<text x="14" y="{H / 2}" text-anchor="middle" font-size="12" '
+             f'transform="rotate(-90 14 {H / 2})">{ylabel}</text>')
+    legend_y = 50
+    for name, pts, color, dash in lines:
+        if not pts:
+            continue
+        path = " ".join(f"{px(x):.1f},{py(min(max(y, ymin), ymax)):.1f}" for x, y in pts)
+        s.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2" '
+                 f'stroke-dasharray="{dash}"/>')
+        for x, y in pts:
+            s.append(f'<circle cx="{px(x):.1f}" cy="{py(min(max(y, ymin), ymax)):.1f}" r="2.5" '
+                     f'fill="{color}"/>')
+        s.append(f'<line x1="{W - 175}" y1="{legend_y + 50}" x2="{W - 150}" y2="{legend_y + 50}" '
+                 f'stroke="{color}" stroke-width="2" stroke-dasharray="{dash}"/>')
+        s.append(f'<text x="{W - 145}" y="{legend_y + 54}" font-size="10">{name}</text>')
+        legend_y += 14
+    s.append("</g>")
+    return s
+
+
+tokens = fid[0]["tokens"] if fid else 32
+keys = ["first_token_agreement", "exact_24"]
+fid_lines = []
+for c in criteria:
+    for k in keys:
+        fid_lines.append((f"{c}: {labels.get(k, k)}", series(fid, c, k), colors.get(c, "#333"),
+                          dashes.get(k, "1,2")))
+speedups = [r["speedup"] for r in speed] or [1]
+top = max(10, max(speedups) * 1.1)
+speed_lines = [(c, series(speed, c, "speedup"), colors.get(c, "#333"), "") for c in criteria]
+speed_lines.append(("10x target", [(0, 10), (1, 10)], "#999", "4,4"))
+model = speed[0]["shape"] if speed else "synthetic"
+cached = speed[0]["cached_tokens"] if speed else 0
+fresh = speed[0]["fresh_tokens"] if speed else 0
+svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * W}" height="{H}" '
+       'font-family="sans-serif">', f'<rect width="{2 * W}" height="{H}" fill="white"/>']
+svg += panel(0, f"stories260K, {fid[0]['prompts'] if fid else 0} gap prompts",
+             "share of prompts agreeing", 0, 1, fid_lines, [0, 0.25, 0.5, 0.75, 0.9, 1])
+svg += panel(W, f"{model}: TTFT speedup, {cached} cached + {fresh} fresh",
+             "no-cache TTFT / cached TTFT", 0, top, speed_lines,
+             [t for t in [1, 2, 5, 10, 20, 30, 40, 60, 80] if t <= top])
+svg.append("</svg>")
+open(out, "w").write("\n".join(svg) + "\n")

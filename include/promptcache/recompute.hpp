@@ -1,0 +1,81 @@
+// promptcache/recompute.hpp — closing the gap between modular reuse and a full prefill
+// (docs/fidelity.md).
+//
+// A module's stored states were computed without the modules a prompt puts before it (or with
+// other ones), so they miss that attention. A recomputing request (RequestOptions::recompute = r)
+// pays for a share r of the reused tokens, CacheBlend style:
+//   1. the whole prompt moves to the no-cache baseline's positions 0..n-1: each stored key is
+//      rotated from its reserved position to its place in the baseline (RoPE of the difference;
+//      values do not depend on the position), so the gaps between selected modules close;
+//   2. r x (cached tokens) slots are chosen by a criterion (RecomputeCriterion);
+//   3. those tokens and the fresh tokens run through the model together, each attending causally
+//      by position to every earlier token: stored states for the slots not chosen, recomputed
+//      ones for the chosen; every chosen slot's K/V in the request's buffer is overwritten.
+// r = 1 recomputes every token and so equals the no-cache prefill (float rounding aside);
+// r = 0 is plain Prompt Cache (nothing here runs). The store's states are never written: a
+// slot read in place from the store is copied into the buffer before it changes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "promptcache/cache/assembler.hpp"
+#include "promptcache/model/kv_cache.hpp"
+#include "promptcache/model/llama.hpp"
+#include "promptcache/pml/prompt.hpp"
+
+namespace promptcache {
+
+enum class RecomputeCriterion {
+  // CacheBlend's: the slots whose layer-1 K/V deviate most from a full-context pass of the
+  // first two layers over the whole prompt (costs those two layers over every token).
+  kDeviation,
+  // The slots right after a gap: the first tokens of every run of contiguous positions that
+  // does not start the schema, taken round-robin (offset 0 of every run, then 1, ...). Free.
+  kBoundary,
+  // The cached tokens nearest the fresh text (the largest positions), which the first generated
+  // token attends to most in small models. Free.
+  kRecent,
+};
+
+// "deviation" / "boundary" / "recent"; Error(kInvalidArgument) naming the value otherwise.
+RecomputeCriterion parse_recompute_criterion(const std::string& text);
+std::string recompute_criterion_name(RecomputeCriterion criterion);
+
+struct RecomputeOptions {
+  double fraction = 0;  // r in [0, 1]: the share of the cached tokens recomputed
+  RecomputeCriterion criterion = RecomputeCriterion::kDeviation;
+};
+
+// Error(kInvalidArgument) unless 0 <= fraction <= 1 (`what` names the option).
+void check_recompute_fraction(double fraction, const std::string& what);
+
+// How many of `cached` tokens a fraction recomputes (rounded to nearest, at least one when
+// fraction > 0 and there is a cached token).
+int64_t recompute_count(double fraction, int64_t cached);
+
+struct RecomputeReport {
+  int64_t recomputed_tokens = 0;
+  double select_ms = 0;  // choosing the slots (the deviation pass)
+};
+
+// Runs after the assembler filled `cache` with the prompt's cached slots [0,
+// assembled.cached_tokens) and before any fresh token ran: moves the prompt to its baseline
+// positions, recomputes the chosen slots with the fresh tokens and returns the logits after the
+// last prompt token ([vocab] float32). The cache then holds the prompt's slots at its baseline
+// positions, ready for decoding; its provenance tags are dropped (the slots no longer equal the
+// stored blocks). It needs room for assembled.cached_tokens + recompute_count(...) +
+// fresh tokens slots.
+torch::Tensor recompute_prefill(const LlamaModel& model, const pml::ResolvedPrompt& resolved,
+                                const AssembledPrompt& assembled, KVCache& cache,
+                                const RecomputeOptions& options, RecomputeReport* report = nullptr);
+
+// The slots recompute_prefill would choose, in slot order (deterministic: ties go to the
+// earlier slot). `cache` as for recompute_prefill; it is moved to the baseline positions.
+std::vector<int64_t> choose_recompute_slots(const LlamaModel& model,
+                                            const pml::ResolvedPrompt& resolved,
+                                            const AssembledPrompt& assembled, KVCache& cache,
+                                            int64_t count, RecomputeCriterion criterion);
+
+}  // namespace promptcache

@@ -1,0 +1,304 @@
+#include "promptcache/recompute.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "promptcache/error.hpp"
+#include "promptcache/generation.hpp"
+
+namespace promptcache {
+namespace {
+
+// Where every token of the prompt goes in the no-cache baseline: the baseline lists the prompt's
+// tokens in position order (selected spans, arguments in their slots, then the text), so a
+// token's baseline position is the rank of its reserved position.
+struct BaselineMap {
+  std::vector<int64_t> cached_position;  // per cached slot: its baseline position
+  std::vector<TokenId> cached_token;     // per cached slot: its token
+  std::vector<int64_t> fresh_position;   // per fresh token: its baseline position
+};
+
+BaselineMap map_to_baseline(const pml::ResolvedPrompt& resolved, const AssembledPrompt& assembled,
+                            const KVCache& cache) {
+  const int64_t cached = assembled.cached_tokens;
+  const auto fresh = static_cast<int64_t>(assembled.fresh_tokens.size());
+  if (cache.length() != cached || cache.shape().batch != 1) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "recompute: the KV cache must hold exactly the prompt's " + std::to_string(cached) +
+                    " assembled slots of one batch row (it holds " +
+                    std::to_string(cache.length()) + ")");
+  }
+  if (cached + fresh != static_cast<int64_t>(resolved.baseline.size())) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "recompute: the assembled prompt has " + std::to_string(cached + fresh) +
+                    " tokens but its baseline " + std::to_string(resolved.baseline.size()),
+                resolved.where);
+  }
+  std::vector<int64_t> reserved(cache.positions().begin(), cache.positions().end());
+  reserved.insert(reserved.end(), assembled.fresh_positions.begin(),
+                  assembled.fresh_positions.end());
+  std::vector<int64_t> order(reserved.size());
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return reserved[a] < reserved[b]; });
+  std::vector<int64_t> rank(reserved.size());
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    if (i > 0 && reserved[order[i]] == reserved[order[i - 1]]) {
+      throw Error(ErrorKind::kInvalidArgument,
+                  "recompute: two tokens of the prompt share position " +
+                      std::to_string(reserved[order[i]]),
+                  resolved.where);
+    }
+    rank[order[i]] = static_cast<int64_t>(i);
+  }
+  BaselineMap map;
+  map.cached_position.assign(rank.begin(), rank.begin() + cached);
+  map.fresh_position.assign(rank.begin() + cached, rank.end());
+  for (int64_t p : map.cached_position) map.cached_token.push_back(resolved.baseline[p]);
+  for (int64_t i = 0; i < fresh; ++i) {
+    if (resolved.baseline[map.fresh_position[i]] != assembled.fresh_tokens[i]) {
+      throw Error(ErrorKind::kInvalidArgument,
+                  "recompute: the prompt's fresh tokens are not where its baseline has them",
+                  resolved.where);
+    }
+  }
+  return map;
+}
+
+torch::Tensor rotate_half(const torch::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+// Moves the cached slots to their baseline positions: keys are stored with RoPE at their
+// reserved position, and RoPE(to) = RoPE(to - from) o RoPE(from), so rotating by the difference
+// re-encodes them; values carry no position. Every slot is copied into the buffer first (a slot
+// held in the store's block is materialized, never written there).
+void move_to_baseline(const LlamaModel& model, KVCache& cache, const std::vector<int64_t>& to) {
+  const auto n = static_cast<int64_t>(to.size());
+  if (n == 0) return;
+  std::vector<int64_t> delta(to.size());
+  for (int64_t s = 0; s < n; ++s) delta[s] = to[s] - cache.positions()[s];
+  auto all = cache.all_slots(0, n);  // [layers, 2, 1, kv_heads, n, d]
+  if (std::any_of(delta.begin(), delta.end(), [](int64_t d) { return d != 0; })) {
+    auto [cos, sin] = model.rope_tables(torch::tensor(delta, torch::kInt64));  // [n, d] f32
+    auto keys = all.select(1, 0);
+    auto k = keys.to(torch::kFloat32);
+    keys.copy_(k * cos + rotate_half(k) * sin);
+  }
+  cache.set_row_positions(0, 0, to);
+  cache.forget_sources();
+}
+
+// CacheBlend's criterion: per cached slot, the squared distance between its layer-1 K/V and
+// those of a causal pass of the first two layers over the whole baseline.
+std::vector<double> deviation_scores(const LlamaModel& model, const pml::ResolvedPrompt& resolved,
+                                     const BaselineMap& map, const KVCache& cache) {
+  const auto n = static_cast<int64_t>(resolved.baseline.size());
+  const int64_t layers = std::min<int64_t>(2, model.config().num_hidden_layers);
+  const int64_t layer = layers - 1;
+  KVCache scratch = model.make_cache(n);
+  std::vector<int64_t> ids(resolved.baseline.begin(), resolved.baseline.end());
+  ForwardOptions options;
+  options.layers = layers;
+  model.forward(torch::tensor(ids, torch::kInt64).unsqueeze(0),
+                torch::arange(n, torch::kInt64).unsqueeze(0), scratch, options);
+  const auto cached = static_cast<int64_t>(map.cached_position.size());
+  auto index = torch::tensor(map.cached_position, torch::kInt64).to(model.device());
+  auto diff = [&](const torch::Tensor& full, const torch::Tensor& stored) {
+    // [1, kv_heads, slots, d] -> per slot: the sum over heads and d of the squared difference.
+    auto d = full.index_select(2, index).to(torch::kFloat32) - stored.to(torch::kFloat32);
+    return d.pow(2).sum({0, 1, 3});
+  };
+  auto score = diff(scratch.key_slots(layer, 0, n), cache.key_slots(layer, 0, cached)) +
+               diff(scratch.value_slots(layer, 0, n), cache.value_slots(layer, 0, cached));
+  score = score.to(torch::kCPU, torch::kFloat64).contiguous();
+  const double* p = score.data_ptr<double>();
+  return std::vector<double>(p, p + cached);
+}
+
+// The boundary criterion: a run starts at every stored block and wherever the reserved
+// positions jump; a token's score is minus its offset in its run, and the run that starts the
+// schema at position 0 comes last (its states were computed in exactly this context).
+std::vector<double> boundary_scores(const KVCache& cache, const std::vector<int64_t>& reserved) {
+  const auto n = static_cast<int64_t>(reserved.size());
+  std::vector<bool> starts(reserved.size(), false);
+  for (int64_t s = 0; s < n; ++s) starts[s] = s == 0 || reserved[s] != reserved[s - 1] + 1;
+  for (const SlotSource& tag : cache.sources()) {
+    if (tag.slot < n) starts[tag.slot] = true;
+  }
+  std::vector<double> score(reserved.size());
+  int64_t offset = 0;
+  bool prefix = false;
+  for (int64_t s = 0; s < n; ++s) {
+    if (starts[s]) {
+      offset = 0;
+      prefix = s == 0 && reserved[0] == 0;
+    }
+    score[s] = -static_cast<double>(offset++) - (prefix ? static_cast<double>(n) : 0.0);
+  }
+  return score;
+}
+
+std::vector<int64_t> top_slots(const std::vector<double>& score, int64_t count) {
+  std::vector<int64_t> order(score.size());
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return score[a] > score[b]; });
+  order.resize(static_cast<std::size_t>(std::min<int64_t>(count, score.size())));
+  std::sort(order.begin(), order.end());
+  return order;
+}
+
+std::vector<int64_t> choose(const LlamaModel& model, const pml::ResolvedPrompt& resolved,
+                            const BaselineMap& map, KVCache& cache,
+                            const std::vector<int64_t>& reserved, int64_t count,
+                            RecomputeCriterion criterion) {
+  const auto cached = static_cast<int64_t>(map.cached_position.size());
+  if (count <= 0) return {};
+  if (count >= cached) {
+    std::vector<int64_t> all(static_cast<std::size_t>(cached));
+    std::iota(all.begin(), all.end(), int64_t{0});
+    return all;
+  }
+  if (criterion == RecomputeCriterion::kBoundary) {
+    return top_slots(boundary_scores(cache, reserved), count);
+  }
+  if (criterion == RecomputeCriterion::kRecent) {
+    return top_slots(std::vector<double>(reserved.begin(), reserved.end()), count);
+  }
+  return top_slots(deviation_scores(model, resolved, map, cache), count);
+}
+
+}  // namespace
+
+RecomputeCriterion parse_recompute_criterion(const std::string& text) {
+  if (text == "deviation") return RecomputeCriterion::kDeviation;
+  if (text == "boundary") return RecomputeCriterion::kBoundary;
+  if (text == "recent") return RecomputeCriterion::kRecent;
+  throw Error(ErrorKind::kInvalidArgument,
+              "unknown recompute criterion '" + text + "' (use deviation, boundary or recent)");
+}
+
+std::string recompute_criterion_name(RecomputeCriterion criterion) {
+  switch (criterion) {
+    case RecomputeCriterion::kBoundary:
+      return "boundary";
+    case RecomputeCriterion::kRecent:
+      return "recent";
+    case RecomputeCriterion::kDeviation:
+      break;
+  }
+  return "deviation";
+}
+
+void check_recompute_fraction(double fraction, const std::string& what) {
+  if (!(fraction >= 0.0 && fraction <= 1.0)) {
+    throw Error(ErrorKind::kInvalidArgument,
+                what + " must be a fraction in [0, 1], got " + std::to_string(fraction));
+  }
+}
+
+int64_t recompute_count(double fraction, int64_t cached) {
+  check_recompute_fraction(fraction, "recompute");
+  if (fraction <= 0 || cached <= 0) return 0;
+  const auto count = static_cast<int64_t>(std::llround(fraction * static_cast<double>(cached)));
+  return std::clamp<int64_t>(count, 1, cached);
+}
+
+std::vector<int64_t> choose_recompute_slots(const LlamaModel& model,
+                                            const pml::ResolvedPrompt& resolved,
+                                            const AssembledPrompt& assembled, KVCache& cache,
+                                            int64_t count, RecomputeCriterion criterion) {
+  const BaselineMap map = map_to_baseline(resolved, assembled, cache);
+  const std::vector<int64_t> reserved = cache.positions();
+  // The boundary and recent criteria read the provenance tags and reserved positions, which
+  // moving the slots replaces.
+  if (criterion != RecomputeCriterion::kDeviation) {
+    auto slots = choose(model, resolved, map, cache, reserved, count, criterion);
+    move_to_baseline(model, cache, map.cached_position);
+    return slots;
+  }
+  move_to_baseline(model, cache, map.cached_position);
+  return choose(model, resolved, map, cache, reserved, count, criterion);
+}
+
+torch::Tensor recompute_prefill(const LlamaModel& model, const pml::ResolvedPrompt& resolved,
+                                const AssembledPrompt& assembled, KVCache& cache,
+                                const RecomputeOptions& options, RecomputeReport* report) {
+  const int64_t cached = assembled.cached_tokens;
+  const double select_start = now_ms();
+  const BaselineMap map = map_to_baseline(resolved, assembled, cache);
+  const std::vector<int64_t> chosen =
+      choose_recompute_slots(model, resolved, assembled, cache,
+                             recompute_count(options.fraction, cached), options.criterion);
+  std::vector<int64_t> selected = chosen;
+  // The logits come after the prompt's last token: when that is a cached slot (a prompt whose
+  // fresh tokens are all arguments), it runs too.
+  const int64_t last = static_cast<int64_t>(resolved.baseline.size()) - 1;
+  for (int64_t s = 0; s < cached; ++s) {
+    if (map.cached_position[s] == last &&
+        !std::binary_search(selected.begin(), selected.end(), s)) {
+      selected.insert(std::upper_bound(selected.begin(), selected.end(), s), s);
+    }
+  }
+  const double select_ms = now_ms() - select_start;
+  // The new tokens in baseline order: the chosen slots and the fresh tokens. Each sees, by
+  // position, the earlier slots not chosen and the earlier (and its own) new tokens; the chosen
+  // slots' stale states are hidden from all of them.
+  struct NewToken {
+    int64_t position;
+    TokenId token;
+    int64_t slot;  // the cached slot it rewrites, or -1 for a fresh token
+  };
+  std::vector<NewToken> tokens;
+  for (int64_t s : selected) tokens.push_back({map.cached_position[s], map.cached_token[s], s});
+  for (std::size_t i = 0; i < assembled.fresh_tokens.size(); ++i) {
+    tokens.push_back({map.fresh_position[i], assembled.fresh_tokens[i], -1});
+  }
+  std::sort(tokens.begin(), tokens.end(),
+            [](const NewToken& a, const NewToken& b) { return a.position < b.position; });
+  const auto m = static_cast<int64_t>(tokens.size());
+  std::vector<int64_t> ids, positions;
+  for (const auto& t : tokens) {
+    ids.push_back(t.token);
+    positions.push_back(t.position);
+  }
+  std::vector<int64_t> old_positions = map.cached_position;
+  for (int64_t s : selected) old_positions[s] = std::numeric_limits<int64_t>::max();
+  auto query = torch::tensor(positions, torch::kInt64);
+  auto keys = torch::cat({torch::tensor(old_positions, torch::kInt64), query});
+  auto mask = keys.unsqueeze(0) <= query.unsqueeze(1);  // [m, cached + m]
+  cache.reserve(cached + m);
+  ForwardOptions forward;
+  forward.attention_mask = mask;
+  auto logits = model.forward(torch::tensor(ids, torch::kInt64).unsqueeze(0), query.unsqueeze(0),
+                              cache, forward);
+  // The chosen slots take their recomputed states; the fresh tokens' move down to follow the
+  // cached slots (a slot only ever moves down, so none is read after it was overwritten).
+  std::vector<int64_t> fresh_positions;
+  int64_t next_fresh = cached;
+  for (int64_t j = 0; j < m; ++j) {
+    const NewToken& t = tokens[j];
+    if (t.slot >= 0) {
+      cache.all_slots(t.slot, 1).copy_(cache.all_slots(cached + j, 1));
+    } else {
+      if (next_fresh != cached + j) {
+        cache.all_slots(next_fresh, 1).copy_(cache.all_slots(cached + j, 1));
+      }
+      ++next_fresh;
+      fresh_positions.push_back(t.position);
+    }
+  }
+  cache.truncate(next_fresh);
+  cache.set_row_positions(0, cached, fresh_positions);
+  if (report != nullptr) {
+    report->recomputed_tokens = static_cast<int64_t>(selected.size());
+    report->select_ms = select_ms;
+  }
+  return logits.reshape({-1});
+}
+
+}  // namespace promptcache

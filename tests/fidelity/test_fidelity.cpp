@@ -1,0 +1,252 @@
+// Fidelity measurement and recompute (docs/fidelity.md): identical inputs agree, prefix prompts
+// agree at r = 0, r = 1 equals the no-cache logits, the store is never written, the criteria are
+// deterministic, and a recomputed buffer is not reused as if it held the stored states.
+#include "support/catch_torch.hpp"
+
+#include "promptcache/fidelity.hpp"
+#include "promptcache/recompute.hpp"
+#include "support/tiny_model.hpp"
+
+using namespace promptcache;
+
+namespace {
+
+const char* kStory = R"(<schema name="story">
+  <system>You are a helpful assistant. Keep your answers short and clear.</system>
+  <module name="intro">Once upon a time, there was a little girl named Lily.</module>
+  <module name="park">She loved to play outside in the park. One day, she saw a big red ball.</module>
+  <module name="friend">Her friend Tom came to help, and together they found a long stick.</module>
+  <module name="home">At home, mother made <parameter name="food" length="6"/> for dinner.</module>
+  <module name="night">When the night came, the stars were bright and the moon was round.</module>
+</schema>)";
+
+// Modules out of their schema context: a gap before "friend" and "night", an argument.
+const char* kGapPrompt =
+    R"(<prompt schema="story"><friend/><home food="hot soup"/><night/>What did they do?</prompt>)";
+const char* kPrefixPrompt =
+    R"(<prompt schema="story"><intro/><park/><friend/>What did Lily see?</prompt>)";
+
+std::vector<torch::Tensor> store_snapshot(const Engine& engine, const std::string& schema) {
+  std::vector<torch::Tensor> out;
+  for (const auto& [_, states] : engine.store().spans_of(schema)) out.push_back(states.kv.clone());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("forward with ForwardOptions::layers runs only the first layers", "[fidelity][model]") {
+  auto model = test::tiny_model(3);
+  const std::vector<int64_t> ids = {5, 17, 42, 9, 100, 7};
+  auto tokens = torch::tensor(ids).unsqueeze(0);
+  auto positions = torch::arange(6, torch::kInt64).unsqueeze(0);
+  KVCache full = model->make_cache(6), part = model->make_cache(6);
+  auto logits = model->forward(tokens, positions, full);
+  ForwardOptions options;
+  options.layers = 1;
+  auto hidden = model->forward(tokens, positions, part, options);
+  CHECK(hidden.sizes() == at::IntArrayRef({1, 6, model->config().hidden_size}));
+  CHECK(part.length() == 6);
+  CHECK(torch::equal(part.keys(0), full.keys(0)));
+  CHECK(torch::equal(part.values(0), full.values(0)));
+  CHECK(logits.size(-1) == model->config().vocab_size);
+}
+
+TEST_CASE("identical inputs: KL 0 and full agreement", "[fidelity]") {
+  auto logits = torch::randn({400});
+  CHECK(logits_kl(logits, logits) == 0.0);
+  CHECK(logits_kl(logits, logits * 2) > 0.0);
+  auto engine = test::tiny_engine(1);
+  engine->add_schema_string(kStory);
+  // A prompt of text only: the cached run is the no-cache run.
+  FidelityOptions options;
+  options.tokens = 12;
+  const auto f = measure_fidelity(
+      *engine, pml::parse_prompt_string(R"(<prompt schema="story">Tell me a story.</prompt>)"),
+      options);
+  CHECK(f.first_token_kl < 1e-9);
+  CHECK(f.first_token_agrees);
+  CHECK(f.exact);
+  CHECK(f.agreed_tokens == f.compared_tokens);
+  CHECK(f.compared_tokens >= 1);
+  CHECK(f.continuation_logprob == Approx(f.baseline_logprob).margin(1e-4));
+  const auto s = summarize_fidelity({f, f});
+  CHECK(s.prompts == 2);
+  CHECK(s.first_token_agreement == 1.0);
+  CHECK(s.exact_agreement == 1.0);
+}
+
+TEST_CASE("prefix prompts agree fully at r = 0", "[fidelity]") {
+  for (std::uint64_t seed : {1, 2}) {
+    auto engine = test::tiny_engine(seed);
+    engine->add_schema_string(kStory);
+    FidelityOptions options;
+    options.tokens = 16;
+    const auto f = measure_fidelity(*engine, pml::parse_prompt_string(kPrefixPrompt), options);
+    CHECK(f.cached_tokens > 0);
+    CHECK(f.recomputed_tokens == 0);
+    CHECK(f.first_token_kl < 1e-6);
+    CHECK(f.first_token_agrees);
+    CHECK(f.exact);
+  }
+}
+
+TEST_CASE("a gap prompt drifts at r = 0 and r = 1 equals the no-cache logits", "[fidelity]") {
+  auto engine = test::tiny_engine(2);
+  engine->add_schema_string(kStory);
+  // The second prompt ends in a cached token (its only fresh tokens are an argument's).
+  for (const char* xml :
+       {kGapPrompt, R"(<prompt schema="story"><friend/><home food="hot soup"/></prompt>)"}) {
+    INFO(xml);
+    const auto resolved = engine->resolve(pml::parse_prompt_string(xml));
+    KVCache plain = engine->model().make_cache(0);
+    const auto base = engine->prefill(resolved, plain, false);
+    for (RecomputeCriterion criterion :
+         {RecomputeCriterion::kDeviation, RecomputeCriterion::kBoundary,
+          RecomputeCriterion::kRecent}) {
+      for (bool in_place : {true, false}) {
+        KVCache cached = engine->model().make_cache(0), full = engine->model().make_cache(0);
+        const auto r0 =
+            engine->prefill(resolved, cached, true, 0, AssembleOptions{false, in_place});
+        CHECK((r0.logits - base.logits).abs().max().item<double>() > 1e-3);  // it does drift
+        const auto r1 = engine->prefill(resolved, full, true, 0, AssembleOptions{false, in_place},
+                                        RecomputeOptions{1.0, criterion});
+        CHECK(r1.recomputed_tokens == r0.assembled.cached_tokens);
+        const double diff = (r1.logits - base.logits).abs().max().item<double>();
+        INFO("criterion " << recompute_criterion_name(criterion) << ", in place " << in_place
+                          << ": max abs logit diff " << diff);
+        CHECK(diff <= 1e-4);
+        // The whole KV cache equals the no-cache one, slot for slot (by position).
+        REQUIRE(full.length() == plain.length());
+        std::vector<int64_t> order(full.positions().begin(), full.positions().end());
+        std::vector<int64_t> sorted = order;
+        std::sort(sorted.begin(), sorted.end());
+        CHECK(sorted == plain.positions());  // the baseline's positions 0..n-1
+        auto index = torch::tensor(order, torch::kInt64);
+        for (int64_t l = 0; l < full.layers(); ++l) {
+          auto keys = torch::empty_like(full.keys(l)), values = torch::empty_like(full.values(l));
+          keys.index_copy_(2, index, full.keys(l));
+          values.index_copy_(2, index, full.values(l));
+          CHECK((keys - plain.keys(l)).abs().max().item<double>() <= 1e-4);
+          CHECK((values - plain.values(l)).abs().max().item<double>() <= 1e-4);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("recompute never writes the stored states", "[fidelity]") {
+  auto engine = test::tiny_engine(4);
+  engine->add_schema_string(kStory);
+  const auto before = store_snapshot(*engine, "story");
+  SamplingParams greedy;
+  greedy.max_new_tokens = 6;
+  for (double r : {0.2, 0.5, 1.0}) {
+    for (bool in_place : {true, false}) {
+      RequestOptions request;
+      request.recompute = r;
+      request.in_place = in_place;
+      const auto out = engine->generate_xml(kGapPrompt, greedy, {}, request);
+      CHECK(out.recomputed_tokens > 0);
+    }
+  }
+  const auto after = store_snapshot(*engine, "story");
+  REQUIRE(before.size() == after.size());
+  for (std::size_t i = 0; i < before.size(); ++i) CHECK(torch::equal(before[i], after[i]));
+}
+
+TEST_CASE("a recomputed buffer is not kept for the next request", "[fidelity]") {
+  auto engine = test::tiny_engine(5);
+  auto fresh_engine = test::tiny_engine(5);
+  engine->add_schema_string(kStory);
+  fresh_engine->add_schema_string(kStory);
+  SamplingParams greedy;
+  greedy.max_new_tokens = 8;
+  greedy.stop_at_eos = false;
+  RequestOptions recompute;
+  recompute.recompute = 0.5;
+  engine->generate_xml(kGapPrompt, greedy, {}, recompute);
+  const auto next = engine->generate_xml(kGapPrompt, greedy);  // r = 0, buffer reuse on
+  const auto expected = fresh_engine->generate_xml(kGapPrompt, greedy);
+  CHECK(next.reused_tokens == 0);
+  CHECK(next.tokens == expected.tokens);
+}
+
+TEST_CASE("recompute criteria choose slots deterministically", "[fidelity]") {
+  auto engine = test::tiny_engine(6);
+  engine->add_schema_string(kStory);
+  const auto resolved = engine->resolve(pml::parse_prompt_string(kGapPrompt));
+  const auto& layout = engine->layout("story");
+  for (RecomputeCriterion criterion :
+       {RecomputeCriterion::kDeviation, RecomputeCriterion::kBoundary,
+        RecomputeCriterion::kRecent}) {
+    std::vector<std::vector<int64_t>> picks;
+    int64_t cached = 0;
+    for (int run = 0; run < 2; ++run) {
+      KVCache cache = engine->model().make_cache(0);
+      const auto assembled = Assembler().assemble(resolved, layout, engine->store(), cache, 0,
+                                                  AssembleOptions{false, run == 0});
+      cached = assembled.cached_tokens;
+      picks.push_back(
+          choose_recompute_slots(engine->model(), resolved, assembled, cache, 5, criterion));
+      // The cache now holds the baseline positions of the cached tokens.
+      for (int64_t p : cache.positions()) CHECK(p < static_cast<int64_t>(resolved.baseline.size()));
+    }
+    CHECK(picks[0] == picks[1]);
+    CHECK(picks[0].size() == 5);
+    CHECK(std::is_sorted(picks[0].begin(), picks[0].end()));
+    CHECK(picks[0].back() < cached);
+    if (criterion == RecomputeCriterion::kBoundary) {
+      // Slot 0 starts the schema (BOS, system prompt: exact), so the first picks are the first
+      // tokens after each gap, never slot 0.
+      CHECK(picks[0].front() > 0);
+    }
+    if (criterion == RecomputeCriterion::kRecent) {  // the five cached slots nearest the text
+      CHECK(picks[0] ==
+            std::vector<int64_t>{cached - 5, cached - 4, cached - 3, cached - 2, cached - 1});
+    }
+  }
+}
+
+TEST_CASE("recompute fractions are checked", "[fidelity]") {
+  CHECK(recompute_count(0.0, 100) == 0);
+  CHECK(recompute_count(0.05, 100) == 5);
+  CHECK(recompute_count(0.001, 100) == 1);
+  CHECK(recompute_count(1.0, 100) == 100);
+  CHECK_THROWS_AS(recompute_count(1.5, 100), Error);
+  CHECK_THROWS_AS(recompute_count(-0.1, 100), Error);
+  CHECK_THROWS_AS(parse_recompute_criterion("random"), Error);
+  auto engine = test::tiny_engine(1);
+  engine->add_schema_string(kStory);
+  RequestOptions request;
+  request.recompute = 0.2;
+  CHECK_THROWS_AS(engine->generate_batch({pml::parse_prompt_string(kGapPrompt)}, {}, {}, request),
+                  Error);
+  request.recompute = 2;
+  CHECK_THROWS_AS(engine->generate_xml(kGapPrompt, {}, {}, request), Error);
+}
+
+TEST_CASE("recompute on stories260K: r = 1 equals no cache, r = 0.5 drifts less than r = 0",
+          "[fidelity][stories260k]") {
+  auto engine = test::stories260k_engine_or_skip();
+  if (!engine) return;
+  engine->add_schema_string(R"(<schema name="tale">
+    <module name="opening">Once upon a time, there was a little girl named Lily.</module>
+    <module name="park">She loved to play outside in the park with her red ball.</module>
+    <module name="dog">One day, a big dog came and took the ball away.</module>
+    <module name="rain">Then it started to rain, and everyone ran home.</module>
+  </schema>)");
+  const auto prompt = pml::parse_prompt_string(
+      R"(<prompt schema="tale"><dog/><rain/> The next day, Lily</prompt>)");
+  FidelityOptions options;
+  options.tokens = 24;
+  const auto r0 = measure_fidelity(*engine, prompt, options);
+  options.recompute.fraction = 1.0;
+  const auto r1 = measure_fidelity(*engine, prompt, options);
+  CHECK(r1.first_token_kl < 1e-8);
+  CHECK(r1.exact);
+  options.recompute.fraction = 0.5;
+  const auto half = measure_fidelity(*engine, prompt, options);
+  WARN("stories260K gap prompt KL: r=0 " << r0.first_token_kl << ", r=0.5 " << half.first_token_kl
+                                         << ", r=1 " << r1.first_token_kl);
+  CHECK(half.first_token_kl <= r0.first_token_kl);
+}
