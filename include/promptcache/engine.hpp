@@ -8,12 +8,27 @@
 // generate() assembles the stored states of the modules a prompt selects, runs only the fresh
 // tokens, and decodes; with use_cache = false it runs the very same token sequence as one
 // ordinary prefill at positions 0..n-1 (the baseline the speedup is measured against).
+//
+// Threads (docs/reliability.md, "Concurrency"): one Engine serves any number of threads at once.
+// generate, generate_xml, generate_batch, resolve, layout_only and has_schema may be called from
+// several threads together, and with add_schema*. Compiled states are read-only and shared; each
+// request takes its own KV buffer from a pool (so it reuses the leading modules the buffer kept
+// from an earlier request, as one thread did) and holds the schema it resolved against until it
+// returns, so adding or replacing a schema while requests run changes nothing for them: the next
+// request sees the new one. add_schema calls are serialised among themselves; requests do not
+// wait for a compile. The references layout(), compile_report() and add_schema*() return stay
+// valid until that schema is added again or the engine is destroyed; store() is for inspection
+// while no add_schema runs. Process-wide settings (configure_threads, set_kernel_threads) are
+// made before serving, not per request.
 #pragma once
 
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <shared_mutex>
 #include <string>
+#include <vector>
 
 #include "promptcache/cache/assembler.hpp"
 #include "promptcache/cache/cache_file.hpp"
@@ -97,8 +112,9 @@ class Engine {
   // dtype or mode, or one whose checksums fail, is replaced (compile_report().source says why);
   // one the safetensors reader refuses (truncated, malformed) is an error and left alone.
   // A schema refused while it is parsed or laid out (kContextOverflow when it cannot fit the
-  // model's context) leaves the engine as it was; one that fails to compile is dropped whole;
-  // one compiled but not saved (Error(kIo) naming the file) is added before the error is thrown.
+  // model's context), or one that fails to compile, leaves the engine as it was (an earlier
+  // version of it stays loaded: the new states are built beside the old ones); one compiled but
+  // not saved (Error(kIo) naming the file) is added before the error is thrown.
   const pml::Layout& add_schema(const pml::Schema& schema, const ProgressCallback& progress = {},
                                 const std::string& cache_file = "");
   const pml::Layout& add_schema_file(const std::string& path, const ProgressCallback& progress = {},
@@ -111,7 +127,7 @@ class Engine {
   // when it cannot fit; `promptcache layout` lays out without that limit and warns instead).
   pml::Layout layout_only(const pml::Schema& schema) const;
 
-  bool has_schema(const std::string& name) const { return schemas_.count(name) > 0; }
+  bool has_schema(const std::string& name) const;
   const pml::Layout& layout(const std::string& schema) const;
   const CompileReport& compile_report(const std::string& schema) const;
 
@@ -136,7 +152,8 @@ class Engine {
                                        const BatchTokenCallback& on_token = {},
                                        const RequestOptions& request = {});
 
-  // The prompt's KV cache and last-position logits without decoding (tests, benchmarks).
+  // The prompt's KV cache and last-position logits without decoding (tests, benchmarks). The
+  // prompt's schema as loaded now is used: resolve and prefill while it is not being replaced.
   struct Prefill {
     torch::Tensor logits;  // [vocab] float32, after the last prompt token
     AssembledPrompt assembled;
@@ -150,7 +167,8 @@ class Engine {
                   int64_t extra_capacity = 0, const AssembleOptions& assembly = {},
                   const RecomputeOptions& recompute = {}) const;
 
-  // A batch's KV cache (batch = prompts) and each prompt's last-position logits.
+  // A batch's KV cache (batch = prompts) and each prompt's last-position logits (the schemas as
+  // loaded now, as prefill).
   struct BatchPrefill {
     torch::Tensor logits;  // [prompts, vocab] float32
     AssembledBatch assembled;
@@ -164,24 +182,60 @@ class Engine {
 
   const LlamaModel& model() const { return *model_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
+  // Every loaded schema's states (requests read their schema's own, see SchemaEntry).
   const CacheStore& store() const { return store_; }
   const pml::ChatTemplate& chat_template() const { return template_; }
   const EngineOptions& options() const { return options_; }
 
  private:
+  // A loaded schema: never changed once published. A request holds the entry it resolved
+  // against (shared_ptr) until it returns, so its layout and states outlive a replacement.
   struct SchemaEntry {
     pml::Layout layout;
     CompileReport report;
+    CacheStore states;  // this schema's states only
   };
-  const SchemaEntry& entry(const std::string& schema) const;  // Error(kUnknownSchema) if absent
+  using EntryPtr = std::shared_ptr<const SchemaEntry>;
+  // The schema as loaded now; Error(kUnknownSchema) if absent (entry_for: naming the prompt and
+  // the loaded schemas).
+  EntryPtr entry(const std::string& schema) const;
+  EntryPtr entry_for(const pml::Prompt& prompt) const;
+  // Makes `entry` the schema's (replacing any), with its states in store_ too.
+  void publish(const std::string& name, EntryPtr entry);
+
+  // A KV buffer taken from the pool for one request and given back when it ends (see "The KV
+  // buffer pool" in engine.cpp: which buffer a prompt gets, what it keeps).
+  struct PooledBuffer {
+    KVCache cache;
+    std::string schema;                  // the schema whose states it last held ("" for none)
+    const SchemaEntry* entry = nullptr;  // which version of it (compared, never dereferenced)
+  };
+  class BufferLease;
+  std::unique_ptr<PooledBuffer> take_buffer(const SchemaEntry& entry,
+                                            const pml::ResolvedPrompt& resolved);
+  std::unique_ptr<PooledBuffer> take_batch_buffer(int64_t rows);
+  void give_back(std::unique_ptr<PooledBuffer> buffer, bool batch, bool finished);
+
+  Prefill prefill_with(const SchemaEntry* entry, const pml::ResolvedPrompt& resolved,
+                       KVCache& cache, bool use_cache, int64_t extra_capacity,
+                       const AssembleOptions& assembly, const RecomputeOptions& recompute) const;
+  BatchPrefill prefill_batch_with(const std::vector<EntryPtr>& entries,
+                                  const std::vector<pml::ResolvedPrompt>& resolved, KVCache& cache,
+                                  bool use_cache, int64_t extra_capacity) const;
+
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
   EngineOptions options_;
   pml::ChatTemplate template_;
+  std::mutex add_mutex_;                     // one add_schema at a time
+  mutable std::shared_mutex schemas_mutex_;  // guards schemas_ and store_
+  std::map<std::string, EntryPtr> schemas_;
   CacheStore store_;
-  std::map<std::string, SchemaEntry> schemas_;
-  KVCache buffer_;        // reused across requests
-  KVCache batch_buffer_;  // generate_batch's, kept while the batch size stays the same
+  // Buffers no request holds now: as many as requests ran at once (single prompts and batches
+  // apart). A batch buffer serves one batch size; one of another size is replaced.
+  std::mutex pool_mutex_;
+  std::vector<std::unique_ptr<PooledBuffer>> free_buffers_;
+  std::vector<std::unique_ptr<PooledBuffer>> free_batch_buffers_;
 };
 
 }  // namespace promptcache

@@ -149,7 +149,8 @@ AssembledBatch Assembler::assemble_batch(const std::vector<BatchPrompt>& prompts
   std::vector<Plan> plans;
   AssembledBatch batch;
   for (const auto& prompt : prompts) {
-    plans.push_back(plan(*prompt.resolved, *prompt.layout, store));
+    plans.push_back(
+        plan(*prompt.resolved, *prompt.layout, prompt.store != nullptr ? *prompt.store : store));
     batch.cached_slots = std::max(batch.cached_slots, plans.back().copied);
     batch.fresh_slots =
         std::max(batch.fresh_slots, static_cast<int64_t>(plans.back().out.fresh_tokens.size()));

@@ -73,13 +73,13 @@ std::string hex64(std::uint64_t h) {
   return buf;
 }
 
-// XXH3 of a tensor's bytes, as stored in the file (dense, little-endian, its dtype).
+}  // namespace
+
 std::string tensor_checksum(const torch::Tensor& t) {
   const auto dense = t.to(torch::kCPU).contiguous();
   return hex64(XXH3_64bits(dense.data_ptr(), dense.numel() * dense.element_size()));
 }
 
-// XXH3 of every metadata entry but the checksum itself, in key order.
 std::string metadata_checksum(const std::map<std::string, std::string>& meta) {
   std::string all;
   for (const auto& [key, value] : meta) {
@@ -91,6 +91,8 @@ std::string metadata_checksum(const std::map<std::string, std::string>& meta) {
   }
   return hex64(XXH3_64bits(all.data(), all.size()));
 }
+
+namespace {
 
 // Writes the file next to `path` and renames it over `path` once it is on disk, so a crash
 // mid-write leaves the old file (or none), never a torn one.
@@ -290,10 +292,12 @@ void load_cache_file(const std::string& path, const pml::Layout& layout, CacheSt
     if (block.sizes() != at::IntArrayRef(shape)) {
       throw Error(ErrorKind::kCacheFile, "tensor has the wrong shape for its span", where);
     }
+    // States of another dtype than the metadata says (and the engine's KV cache) would be
+    // converted silently: refused like a file of another dtype, so the engine compiles it again.
     if (block.scalar_type() != model.kv_dtype()) {
       throw Error(ErrorKind::kCacheFile,
-                  "tensor is stored as " + dtype_name(block.scalar_type()) +
-                      ", but the model's KV cache is " + dtype_name(model.kv_dtype()),
+                  "tensor holds " + dtype_name(block.scalar_type()) + " states, not the " +
+                      dtype_name(model.kv_dtype()) + " of this engine's KV cache; compile again",
                   where);
     }
     const auto sum = meta.find("xxh3." + name);

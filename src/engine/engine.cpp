@@ -84,68 +84,76 @@ pml::Layout Engine::layout_only(const pml::Schema& schema) const {
 
 const pml::Layout& Engine::add_schema(const pml::Schema& schema, const ProgressCallback& progress,
                                       const std::string& cache_file) {
-  SchemaEntry entry{layout_only(schema), {}};
-  // A schema added again replaces its states. A KV buffer that still holds the old ones could
-  // never reuse them (their block ids are gone from the store), and one that refers to them in
-  // place would keep them in memory: it is emptied.
-  for (const auto& [_, states] : store_.spans_of(schema.name)) {
-    const auto& held = buffer_.sources();
-    if (std::any_of(held.begin(), held.end(),
-                    // Captured by value: a lambda may not capture a structured binding in
-                    // C++17 (clang refuses it; GCC accepts it as an extension).
-                    [id = states.id](const SlotSource& s) { return s.source == id; })) {
-      buffer_.clear();
-      break;
-    }
-  }
+  // One at a time; requests go on meanwhile. The new version is built beside the old one (which
+  // requests in flight, and until it is published new ones, keep using) and replaces it at once.
+  std::lock_guard<std::mutex> adding(add_mutex_);
+  auto entry = std::make_shared<SchemaEntry>();
+  entry->layout = layout_only(schema);
   std::string stale;
   if (!cache_file.empty() && std::filesystem::exists(cache_file)) {
     const double start = now_ms();
     try {
-      load_cache_file(cache_file, entry.layout, store_, *model_, options_.encoding);
-      entry.report.source = "loaded from " + cache_file;
-      entry.report.tokens_stored = store_.tokens(schema.name);
-      entry.report.bytes = store_.bytes(schema.name);
-      entry.report.ms = now_ms() - start;
+      load_cache_file(cache_file, entry->layout, entry->states, *model_, options_.encoding);
+      entry->report.source = "loaded from " + cache_file;
+      entry->report.tokens_stored = entry->states.tokens(schema.name);
+      entry->report.bytes = entry->states.bytes(schema.name);
+      entry->report.ms = now_ms() - start;
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::kCacheFile) throw;  // corrupt: the user should look at it
       stale = e.message();
+      entry->states = CacheStore();
     }
   }
-  if (entry.report.source == "compiled") {
+  if (entry->report.source == "compiled") {
     CompileOptions options;
     options.mode = options_.encoding;
     options.chunk_tokens = options_.compile_chunk_tokens;
     if (progress) {
       options.on_progress = [&](const CompileProgress& p) { progress(schema.name, p); };
     }
-    try {
-      entry.report = ModuleCompiler(*model_).compile(entry.layout, store_, options);
-    } catch (...) {
-      // The compiler replaces the schema's states as it goes: the old layout must not stay
-      // over states of another one, so the schema is dropped whole.
-      store_.erase_schema(schema.name);
-      schemas_.erase(schema.name);
-      throw;
-    }
-    if (!cache_file.empty() && !store_.spans_of(schema.name).empty()) {
+    // A schema that fails to compile leaves the engine as it was (the old version, if any,
+    // stays): its states went into the new entry only.
+    entry->report = ModuleCompiler(*model_).compile(entry->layout, entry->states, options);
+    if (!cache_file.empty() && !entry->states.spans_of(schema.name).empty()) {
       try {
-        save_cache_file(cache_file, entry.layout, store_, *model_, options_.encoding);
+        save_cache_file(cache_file, entry->layout, entry->states, *model_, options_.encoding);
       } catch (...) {
-        // The states in the store are the new schema's: it is added (compiled, not saved)
-        // before the error goes to the caller.
-        entry.report.source = "compiled; saving to " + cache_file + " failed";
-        schemas_[schema.name] = std::move(entry);
+        // The new schema is added (compiled, not saved) before the error goes to the caller.
+        entry->report.source = "compiled; saving to " + cache_file + " failed";
+        publish(schema.name, entry);
         throw;
       }
-      entry.report.source = stale.empty()
-                                ? "compiled, saved to " + cache_file
-                                : cache_file + " was stale (" + stale + "); compiled and saved";
+      entry->report.source = stale.empty()
+                                 ? "compiled, saved to " + cache_file
+                                 : cache_file + " was stale (" + stale + "); compiled and saved";
     }
   }
-  auto& slot = schemas_[schema.name];
-  slot = std::move(entry);
-  return slot.layout;
+  const SchemaEntry& added = *entry;
+  publish(schema.name, std::move(entry));
+  return added.layout;
+}
+
+void Engine::publish(const std::string& name, EntryPtr entry) {
+  EntryPtr old;  // released after the locks, so the old states are freed outside them
+  {
+    std::unique_lock<std::shared_mutex> lock(schemas_mutex_);
+    store_.erase_schema(name);
+    for (const auto& [span, states] : entry->states.spans_of(name)) store_.put(name, span, states);
+    EntryPtr& slot = schemas_[name];
+    old = std::move(slot);
+    slot = std::move(entry);
+  }
+  // A free KV buffer that still holds the old version's states could never reuse them (their
+  // block ids are gone), and one that refers to them in place would keep them in memory: it is
+  // emptied. Buffers in use now are emptied when they come back (give_back).
+  std::lock_guard<std::mutex> lock(pool_mutex_);
+  for (auto& b : free_buffers_) {
+    if (b->schema == name) {
+      b->cache.clear();
+      b->schema.clear();
+      b->entry = nullptr;
+    }
+  }
 }
 
 const pml::Layout& Engine::add_schema_file(const std::string& path,
@@ -160,49 +168,180 @@ const pml::Layout& Engine::add_schema_string(const std::string& xml, const std::
   return add_schema(pml::parse_schema_string(xml, origin, base_dir), progress);
 }
 
-const Engine::SchemaEntry& Engine::entry(const std::string& schema) const {
-  auto it = schemas_.find(schema);
-  if (it == schemas_.end()) {
-    throw Error(ErrorKind::kUnknownSchema, "schema '" + schema + "' is not loaded");
-  }
-  return it->second;
+bool Engine::has_schema(const std::string& name) const {
+  std::shared_lock<std::shared_mutex> lock(schemas_mutex_);
+  return schemas_.count(name) > 0;
 }
 
+Engine::EntryPtr Engine::entry(const std::string& schema) const {
+  {
+    std::shared_lock<std::shared_mutex> lock(schemas_mutex_);
+    auto it = schemas_.find(schema);
+    if (it != schemas_.end()) return it->second;
+  }
+  throw Error(ErrorKind::kUnknownSchema, "schema '" + schema + "' is not loaded");
+}
+
+Engine::EntryPtr Engine::entry_for(const pml::Prompt& prompt) const {
+  std::string loaded;
+  {
+    std::shared_lock<std::shared_mutex> lock(schemas_mutex_);
+    auto it = schemas_.find(prompt.schema);
+    if (it != schemas_.end()) return it->second;
+    for (const auto& [name, _] : schemas_) loaded += (loaded.empty() ? "'" : ", '") + name + "'";
+  }
+  throw Error(ErrorKind::kUnknownSchema,
+              "prompt uses schema '" + prompt.schema +
+                  "' which is not loaded (loaded: " + (loaded.empty() ? "none" : loaded) + ")",
+              prompt.where);
+}
+
+// The entry stays in schemas_ until the schema is added again: the reference lives that long.
 const pml::Layout& Engine::layout(const std::string& schema) const {
-  return entry(schema).layout;
+  return entry(schema)->layout;
 }
 
 const CompileReport& Engine::compile_report(const std::string& schema) const {
-  return entry(schema).report;
+  return entry(schema)->report;
 }
 
 pml::ResolvedPrompt Engine::resolve(const pml::Prompt& prompt) const {
-  auto it = schemas_.find(prompt.schema);
-  if (it == schemas_.end()) {
-    std::string loaded;
-    for (const auto& [name, _] : schemas_) loaded += (loaded.empty() ? "'" : ", '") + name + "'";
-    throw Error(ErrorKind::kUnknownSchema,
-                "prompt uses schema '" + prompt.schema +
-                    "' which is not loaded (loaded: " + (loaded.empty() ? "none" : loaded) + ")",
-                prompt.where);
+  return pml::resolve(prompt, entry_for(prompt)->layout, *tokenizer_);
+}
+
+// --- The KV buffer pool ----------------------------------------------------------------------
+// A request takes a buffer no other request holds and gives it back when it returns; the pool
+// keeps as many as requests ran at once. A single prompt's buffer keeps its contents, so the next
+// prompt that selects the same leading modules reuses them (RequestOptions::reuse_buffer): a
+// prompt gets the free buffer that holds the longest run of its leading stored blocks.
+
+// Gives the buffer back to the pool when the request ends, emptied if the request did not finish
+// (an exception may leave it half-written).
+class Engine::BufferLease {
+ public:
+  BufferLease(Engine& engine, std::unique_ptr<PooledBuffer> buffer, bool batch)
+      : engine_(engine), buffer_(std::move(buffer)), batch_(batch) {}
+  BufferLease(const BufferLease&) = delete;
+  BufferLease& operator=(const BufferLease&) = delete;
+  ~BufferLease() { engine_.give_back(std::move(buffer_), batch_, finished_); }
+  PooledBuffer& operator*() const { return *buffer_; }
+  PooledBuffer* operator->() const { return buffer_.get(); }
+  void finished() { finished_ = true; }
+
+ private:
+  Engine& engine_;
+  std::unique_ptr<PooledBuffer> buffer_;
+  bool batch_ = false;
+  bool finished_ = false;
+};
+
+std::unique_ptr<Engine::PooledBuffer> Engine::take_buffer(const SchemaEntry& entry,
+                                                          const pml::ResolvedPrompt& resolved) {
+  // The ids of the stored blocks the prompt selects, in slot order (what KVCache::sources of a
+  // buffer assembled for it would list).
+  std::vector<uint64_t> wanted;
+  for (std::size_t index : resolved.spans) {
+    if (const SpanStates* s = entry.states.find(entry.layout.schema_name, index)) {
+      wanted.push_back(s->id);
+    }
   }
-  return pml::resolve(prompt, it->second.layout, *tokenizer_);
+  {
+    std::lock_guard<std::mutex> lock(pool_mutex_);
+    std::size_t best = free_buffers_.size(), best_kept = 0;
+    // From the most recently given back, so an idle engine hands its one buffer to each request.
+    for (std::size_t i = free_buffers_.size(); i-- > 0;) {
+      const auto& held = free_buffers_[i]->cache.sources();
+      std::size_t kept = 0;
+      while (kept < held.size() && kept < wanted.size() && held[kept].source == wanted[kept]) {
+        ++kept;
+      }
+      if (best == free_buffers_.size() || kept > best_kept) {
+        best = i;
+        best_kept = kept;
+      }
+    }
+    if (best < free_buffers_.size()) {
+      auto buffer = std::move(free_buffers_[best]);
+      free_buffers_.erase(free_buffers_.begin() + static_cast<std::ptrdiff_t>(best));
+      return buffer;
+    }
+  }
+  auto buffer = std::make_unique<PooledBuffer>();
+  buffer->cache = model_->make_cache(0);
+  return buffer;
+}
+
+std::unique_ptr<Engine::PooledBuffer> Engine::take_batch_buffer(int64_t rows) {
+  std::unique_ptr<PooledBuffer> replaced;  // freed before the new buffer is made
+  {
+    std::lock_guard<std::mutex> lock(pool_mutex_);
+    for (auto it = free_batch_buffers_.rbegin(); it != free_batch_buffers_.rend(); ++it) {
+      if ((*it)->cache.shape().batch == rows) {
+        auto buffer = std::move(*it);
+        free_batch_buffers_.erase(std::next(it).base());
+        return buffer;
+      }
+    }
+    // A buffer of another batch size is replaced by this one, so the pool never holds more
+    // batch buffers than batches ran at once.
+    if (!free_batch_buffers_.empty()) {
+      replaced = std::move(free_batch_buffers_.front());
+      free_batch_buffers_.erase(free_batch_buffers_.begin());
+    }
+  }
+  replaced.reset();
+  auto buffer = std::make_unique<PooledBuffer>();
+  buffer->cache = model_->make_cache(0, rows);
+  return buffer;
+}
+
+void Engine::give_back(std::unique_ptr<PooledBuffer> buffer, bool batch, bool finished) {
+  if (!buffer) return;
+  if (!finished) {
+    buffer->cache.clear();
+    buffer->schema.clear();
+    buffer->entry = nullptr;
+  }
+  std::lock_guard<std::mutex> lock(pool_mutex_);
+  if (batch) {
+    free_batch_buffers_.push_back(std::move(buffer));
+    return;
+  }
+  // States of a version of the schema replaced while the request ran: see publish. (The request
+  // still holds its entry, so the address cannot belong to a newer one.)
+  if (buffer->entry != nullptr) {
+    std::shared_lock<std::shared_mutex> schemas(schemas_mutex_);
+    auto it = schemas_.find(buffer->schema);
+    if (it == schemas_.end() || it->second.get() != buffer->entry) {
+      buffer->cache.clear();
+      buffer->schema.clear();
+      buffer->entry = nullptr;
+    }
+  }
+  free_buffers_.push_back(std::move(buffer));
 }
 
 Engine::Prefill Engine::prefill(const pml::ResolvedPrompt& resolved, KVCache& cache, bool use_cache,
                                 int64_t extra_capacity, const AssembleOptions& assembly,
                                 const RecomputeOptions& recompute) const {
+  const EntryPtr held = use_cache ? entry(resolved.schema) : nullptr;
+  return prefill_with(held.get(), resolved, cache, use_cache, extra_capacity, assembly, recompute);
+}
+
+Engine::Prefill Engine::prefill_with(const SchemaEntry* schema, const pml::ResolvedPrompt& resolved,
+                                     KVCache& cache, bool use_cache, int64_t extra_capacity,
+                                     const AssembleOptions& assembly,
+                                     const RecomputeOptions& recompute) const {
   Prefill out;
   const auto int64 = torch::TensorOptions().dtype(torch::kInt64);
   const int64_t limit = model_->config().max_position_embeddings;
   check_context(max_position_of(resolved, use_cache), limit, "the prompt", resolved.where);
   if (use_cache) {
-    const pml::Layout& lay = layout(resolved.schema);
     // Room for the recomputed tokens, which run after the cached slots before they move back.
     const int64_t recomputed =
         recompute_count(recompute.fraction, static_cast<int64_t>(resolved.baseline.size()));
-    out.assembled =
-        Assembler().assemble(resolved, lay, store_, cache, extra_capacity + recomputed, assembly);
+    out.assembled = Assembler().assemble(resolved, schema->layout, schema->states, cache,
+                                         extra_capacity + recomputed, assembly);
   } else {
     out.assembled = baseline_prompt(resolved);
     cache.clear();
@@ -231,21 +370,26 @@ Engine::Prefill Engine::prefill(const pml::ResolvedPrompt& resolved, KVCache& ca
 Response Engine::generate(const pml::Prompt& prompt, const SamplingParams& params,
                           const TokenCallback& on_token, const RequestOptions& request) {
   const double start = now_ms();
-  const pml::ResolvedPrompt resolved = resolve(prompt);
+  // Held to the end: a schema replaced meanwhile changes nothing for this request.
+  const EntryPtr schema = entry_for(prompt);
+  const pml::ResolvedPrompt resolved = pml::resolve(prompt, schema->layout, *tokenizer_);
   params.validate();
   const int64_t extra =
       decode_room(params.max_new_tokens, model_->config().max_position_embeddings);
-  if (buffer_.layers() == 0) buffer_ = model_->make_cache(0);
-  Prefill pre = prefill(resolved, buffer_, request.use_cache, extra,
-                        AssembleOptions{request.reuse_buffer, request.in_place},
-                        RecomputeOptions{request.recompute, request.recompute_criterion});
+  BufferLease buffer(*this, take_buffer(*schema, resolved), false);
+  KVCache& cache = buffer->cache;
+  Prefill pre = prefill_with(schema.get(), resolved, cache, request.use_cache, extra,
+                             AssembleOptions{request.reuse_buffer, request.in_place},
+                             RecomputeOptions{request.recompute, request.recompute_criterion});
+  buffer->schema = request.use_cache ? resolved.schema : "";
+  buffer->entry = request.use_cache ? schema.get() : nullptr;
   GenerationTimings gt;
   gt.prefill_ms = pre.prefill_ms;
   gt.prefill_tokens = static_cast<int64_t>(pre.assembled.fresh_tokens.size());
   std::vector<TokenId> history = resolved.baseline;
-  auto result =
-      continue_generation(*model_, *tokenizer_, buffer_, pre.logits, buffer_.max_position() + 1,
-                          history, params, on_token, start, gt);
+  auto result = continue_generation(*model_, *tokenizer_, cache, pre.logits,
+                                    cache.max_position() + 1, history, params, on_token, start, gt);
+  buffer.finished();
   Response r;
   r.text = std::move(result.text);
   r.tokens = std::move(result.tokens);
@@ -267,6 +411,17 @@ Response Engine::generate(const pml::Prompt& prompt, const SamplingParams& param
 Engine::BatchPrefill Engine::prefill_batch(const std::vector<pml::ResolvedPrompt>& resolved,
                                            KVCache& cache, bool use_cache,
                                            int64_t extra_capacity) const {
+  std::vector<EntryPtr> entries;
+  if (use_cache) {
+    for (const auto& r : resolved) entries.push_back(entry(r.schema));
+  }
+  return prefill_batch_with(entries, resolved, cache, use_cache, extra_capacity);
+}
+
+Engine::BatchPrefill Engine::prefill_batch_with(const std::vector<EntryPtr>& entries,
+                                                const std::vector<pml::ResolvedPrompt>& resolved,
+                                                KVCache& cache, bool use_cache,
+                                                int64_t extra_capacity) const {
   BatchPrefill out;
   const auto rows = static_cast<int64_t>(resolved.size());
   if (rows == 0 || cache.shape().batch != rows) {
@@ -282,8 +437,10 @@ Engine::BatchPrefill Engine::prefill_batch(const std::vector<pml::ResolvedPrompt
   AssembledBatch& batch = out.assembled;
   if (use_cache) {
     std::vector<BatchPrompt> prompts;
-    for (const auto& r : resolved) prompts.push_back({&r, &layout(r.schema)});
-    batch = Assembler().assemble_batch(prompts, store_, cache, extra_capacity);
+    for (std::size_t i = 0; i < resolved.size(); ++i) {
+      prompts.push_back({&resolved[i], &entries[i]->layout, &entries[i]->states});
+    }
+    batch = Assembler().assemble_batch(prompts, CacheStore(), cache, extra_capacity);
   } else {
     for (const auto& r : resolved) {
       batch.rows.push_back(baseline_prompt(r));
@@ -341,15 +498,17 @@ std::vector<Response> Engine::generate_batch(const std::vector<pml::Prompt>& pro
                 "recompute applies to single prompts; generate_batch takes recompute = 0");
   }
   const auto rows = static_cast<int64_t>(prompts.size());
+  // Each prompt's schema is held to the end, as in generate.
+  std::vector<EntryPtr> entries;
   std::vector<pml::ResolvedPrompt> resolved;
-  for (const auto& p : prompts) resolved.push_back(resolve(p));
-  if (batch_buffer_.layers() == 0 || batch_buffer_.shape().batch != rows) {
-    batch_buffer_ = KVCache();  // the old buffer goes before the new one is made
-    batch_buffer_ = model_->make_cache(0, rows);
+  for (const auto& p : prompts) {
+    entries.push_back(entry_for(p));
+    resolved.push_back(pml::resolve(p, entries.back()->layout, *tokenizer_));
   }
-  BatchPrefill pre =
-      prefill_batch(resolved, batch_buffer_, request.use_cache,
-                    decode_room(params.max_new_tokens, model_->config().max_position_embeddings));
+  BufferLease buffer(*this, take_batch_buffer(rows), true);
+  BatchPrefill pre = prefill_batch_with(
+      entries, resolved, buffer->cache, request.use_cache,
+      decode_room(params.max_new_tokens, model_->config().max_position_embeddings));
 
   std::vector<TokenStream> streams;
   std::vector<int64_t> next_position(rows);
@@ -375,7 +534,7 @@ std::vector<Response> Engine::generate_batch(const std::vector<pml::Prompt>& pro
   std::iota(active.begin(), active.end(), 0);
   // A shallow copy (the same storage): dropping rows narrows it, while the buffer keeps its full
   // batch for the next call.
-  KVCache cache = batch_buffer_;
+  KVCache cache = buffer->cache;
   torch::Tensor visible = pre.visible;
   torch::Tensor logits = pre.logits;
   auto ids = torch::zeros({rows, 1}, int64);
@@ -445,6 +604,7 @@ std::vector<Response> Engine::generate_batch(const std::vector<pml::Prompt>& pro
     r.fresh_tokens = static_cast<int64_t>(a.fresh_tokens.size());
     r.kv_bytes = a.kv_bytes;
   }
+  buffer.finished();
   return responses;
 }
 

@@ -101,6 +101,29 @@ TEST_CASE("broken cache files: refused or recompiled, never used", "[bad][cache]
   other->add_schema(good, {}, mine);
   CHECK_THAT(other->compile_report("good").source, Catch::Contains("another model"));
 
+  // The right shapes and metadata, valid checksums, but bf16 states where the engine runs f32:
+  // refused (never converted silently), and the engine compiles the file again, saying why.
+  const std::string narrow = dir.file("bf16.states");
+  {
+    const auto file = SafetensorsFile::open(valid);
+    std::map<std::string, std::string> m = file->metadata();
+    std::map<std::string, torch::Tensor> tensors;
+    for (const auto& [name, entry] : file->entries()) {
+      tensors[name] = file->tensor(name).to(torch::kBFloat16);
+      m["xxh3." + name] = tensor_checksum(tensors[name]);
+    }
+    m["metadata_xxh3"] = metadata_checksum(m);
+    write_safetensors(narrow, tensors, m);
+  }
+  bad::expect_error("a cache file whose tensors have another dtype",
+                    [&] { load(narrow, engine->model()); },
+                    {ErrorKind::kCacheFile, {narrow, "tensor 'span.", "bf16 states", "f32"}});
+  engine->add_schema(good, {}, narrow);
+  CHECK_THAT(engine->compile_report("good").source,
+             Catch::Contains("stale") && Catch::Contains("bf16 states"));
+  engine.still_answers();
+  load(narrow, engine->model());  // replaced by a valid file
+
   // A file of another schema, and a safetensors file that holds no states at all.
   bad::expect_error(
       "a cache file of another schema",

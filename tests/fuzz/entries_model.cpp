@@ -8,10 +8,6 @@
 #include <string>
 #include <vector>
 
-// Header-only xxHash, as src/cache/cache_file.cpp uses it.
-#define XXH_INLINE_ALL
-#include <xxhash.h>
-
 #include "fuzz/fuzz_entries.hpp"
 #include "pml/fake_tokenizer.hpp"
 #include "promptcache/cache/cache_file.hpp"
@@ -39,31 +35,6 @@ std::uint64_t header_length(const std::uint8_t* data, std::size_t size) {
   std::uint64_t n = 0;
   for (int i = 7; i >= 0 && size >= 8; --i) n = (n << 8) | data[i];
   return n;
-}
-
-std::string hex64(std::uint64_t h) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
-  return buf;
-}
-
-// The checksums of src/cache/cache_file.cpp: XXH3 of a tensor's dense bytes, and of every
-// metadata entry but metadata_xxh3 in key order.
-std::string tensor_checksum(const torch::Tensor& t) {
-  const torch::Tensor dense = t.contiguous();
-  return hex64(XXH3_64bits(dense.data_ptr(), dense.numel() * dense.element_size()));
-}
-
-std::string metadata_checksum(const std::map<std::string, std::string>& meta) {
-  std::string all;
-  for (const auto& [key, value] : meta) {
-    if (key == "metadata_xxh3") continue;
-    all += key;
-    all += '\0';
-    all += value;
-    all += '\0';
-  }
-  return hex64(XXH3_64bits(all.data(), all.size()));
 }
 
 // The schema, model and layout the cache_file target loads against (and its seeds are made
@@ -166,7 +137,7 @@ void safetensors_entry(const std::uint8_t* data, std::size_t size) {
       check(t.sizes().vec() == entry.shape, "tensor() has another shape than the header");
       const auto nbytes = static_cast<std::size_t>(t.numel()) * t.element_size();
       check(nbytes == entry.end - entry.begin, "tensor() covers other bytes than data_offsets");
-      if (nbytes > 0) (void)XXH3_64bits(t.data_ptr(), nbytes);  // touches every byte
+      if (nbytes > 0) (void)tensor_checksum(t);  // touches every byte
     }
   } catch (const Error& e) {
     detail::rejected(e);  // a clean rejection

@@ -38,6 +38,9 @@ struct AssembledPrompt {
 struct BatchPrompt {
   const pml::ResolvedPrompt* resolved = nullptr;
   const pml::Layout* layout = nullptr;
+  // Where its states are; null: the store passed to assemble_batch (an Engine keeps each schema's
+  // states apart, so one version can be replaced while requests use another).
+  const CacheStore* store = nullptr;
 };
 
 // Several prompts assembled into the rows of one batch KV cache. Row i holds prompt i's stored

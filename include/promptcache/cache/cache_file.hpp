@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "promptcache/cache/compiler.hpp"
@@ -20,6 +21,11 @@
 #include "promptcache/pml/layout.hpp"
 
 namespace promptcache {
+
+// The checksums a cache file carries (hex XXH3-64): of a tensor's dense bytes as stored (its
+// dtype, little-endian), and of every metadata entry but "metadata_xxh3" itself, in key order.
+std::string tensor_checksum(const torch::Tensor& t);
+std::string metadata_checksum(const std::map<std::string, std::string>& meta);
 
 // A stable hash of everything the states depend on in the layout.
 std::string layout_fingerprint(const pml::Layout& layout);

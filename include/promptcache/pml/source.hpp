@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -96,23 +97,40 @@ inline bool is_xml_name(std::string_view name) {
 }
 
 // Reads a whole file; Error(kIo) naming the file (and `where`, if given) when it cannot, and
-// Error(kInvalidArgument) without reading it when it is larger than kMaxSourceFileBytes (a
-// schema, prompt or src file that size is a mistake, and reading it could exhaust memory).
+// Error(kInvalidArgument) when it is larger than kMaxSourceFileBytes (a schema, prompt or src
+// file that size is a mistake, and reading it could exhaust memory). The file is read in chunks
+// and the limit applies to what was read, not to the size the file system reports: a device or
+// pipe (/dev/zero, a FIFO) reports none, and a file may grow while it is read.
 inline std::string read_text_file(const std::string& path, SourceLocation where = {}) {
   if (where.file.empty()) where.file = path;
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(ErrorKind::kIo, "cannot read file '" + path + "'", std::move(where));
-  const std::streamoff size = in.tellg();
-  if (size > 0 && static_cast<std::uint64_t>(size) > kMaxSourceFileBytes) {
-    throw Error(ErrorKind::kInvalidArgument,
-                "file '" + path + "' is " + std::to_string(size) + " bytes, more than the " +
-                    std::to_string(kMaxSourceFileBytes >> 20) + " MiB a PML input may have",
-                std::move(where));
+  auto too_large = [&](const std::string& what) {
+    return Error(ErrorKind::kInvalidArgument,
+                 "file '" + path + "' " + what + " more than the " +
+                     std::to_string(kMaxSourceFileBytes >> 20) + " MiB a PML input may have",
+                 where);
+  };
+  // A regular file larger than the limit is refused without reading it.
+  {
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(path, ec);
+    if (!ec && size > kMaxSourceFileBytes)
+      throw too_large("is " + std::to_string(size) + " bytes,");
   }
-  in.seekg(0);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  std::string text;
+  std::vector<char> chunk(std::size_t{1} << 16);
+  while (in) {
+    in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+    const auto got = static_cast<std::size_t>(in.gcount());
+    if (text.size() + got > kMaxSourceFileBytes) {
+      // Not a regular file (a device, a pipe) or one that grew while it was read.
+      throw too_large("yields");
+    }
+    text.append(chunk.data(), got);
+  }
+  if (in.bad()) throw Error(ErrorKind::kIo, "cannot read file '" + path + "'", std::move(where));
+  return text;
 }
 
 // Refuses (kInvalidArgument) an XML text larger than kMaxSourceFileBytes before parsing it.

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Builds the library and a test suite with a sanitizer in their own build folder and runs it
+# once (docs/reliability.md, "Sanitizers").
+#
+#   scripts/sanitize.sh asan   AddressSanitizer + UBSan (PROMPTCACHE_SANITIZE) into build-asan:
+#                              the fast suite (scripts/test.sh runs this after the normal suite)
+#   scripts/sanitize.sh tsan   ThreadSanitizer (PROMPTCACHE_TSAN) into build-tsan: the concurrency
+#                              stress test (tests/contracts/test_concurrency.cpp)
+#
+# The fast suite is every Catch2 test of the library suites below except those that read the
+# real stories260K model: tokenizer, PML, cache, engine, batch, contracts, the
+# bad-input catalogue and the kernels. CLI scripts, examples and the fuzz replays stay in the
+# normal pass. Environment: BUILD_DIR (build-asan / build-tsan), JOBS (build jobs, 2), NICE (10).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-}
+jobs=${JOBS:-2}
+nice_level=${NICE:-10}
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+common=(-DCMAKE_BUILD_TYPE=Release -DPROMPTCACHE_BUILD_BENCHMARKS=OFF
+  -DPROMPTCACHE_BUILD_EXAMPLES=OFF "${launcher[@]}")
+
+banner() { printf '\n======== %s ========\n' "$*"; }
+
+case "$mode" in
+  asan)
+    build=${BUILD_DIR:-build-asan}
+    targets=(pml_tests bpe_tests cache_tests contract_tests bad_input_tests model_tests)
+    # Suite prefixes of the CTest names ("cache_tests:..."); the stories260K tests read the real
+    # model and are slow under ASan.
+    include='^(pml_tests|bpe_tests|cache_tests|contract_tests|bad_input_tests|model_tests):'
+    exclude='stories260k|stories260K'
+    flags=(-DPROMPTCACHE_SANITIZE=ON)
+    # LibTorch's and OpenBLAS's allocations live until exit; a leak report at exit is theirs.
+    export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=1:strict_string_checks=1}
+    export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+    ;;
+  tsan)
+    build=${BUILD_DIR:-build-tsan}
+    targets=(contract_tests)
+    include='^contract_tests:concurrency'
+    exclude='^$'
+    flags=(-DPROMPTCACHE_TSAN=ON)
+    # Debian's LibTorch and libgomp are not instrumented: tests/tsan.supp names only their frames.
+    # One OpenMP/intra-op thread keeps LibTorch's own pool out of the run; the library's kernel
+    # work pool (instrumented) still runs with its default threads.
+    export TSAN_OPTIONS=${TSAN_OPTIONS:-"suppressions=$PWD/tests/tsan.supp halt_on_error=1 second_deadlock_stack=1 history_size=4"}
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+    ;;
+  *)
+    sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+    exit 2
+    ;;
+esac
+
+start=$(date +%s)
+banner "sanitizer pass ($mode): configure and build ${targets[*]} in $build"
+cmake -S . -B "$build" "${common[@]}" "${flags[@]}" >/dev/null
+nice -n "$nice_level" cmake --build "$build" -j"$jobs" --target "${targets[@]}"
+built=$(date +%s)
+banner "sanitizer pass ($mode): run (${ASAN_OPTIONS:+ASAN_OPTIONS=$ASAN_OPTIONS }${TSAN_OPTIONS:+TSAN_OPTIONS=$TSAN_OPTIONS})"
+status=0
+nice -n "$nice_level" ctest --test-dir "$build" --output-on-failure -j"$jobs" \
+  -R "$include" -E "$exclude" --no-tests=error || status=$?
+end=$(date +%s)
+banner "sanitizer pass ($mode): $( ((status == 0)) && echo passed || echo FAILED)" \
+  "(build $((built - start)) s, tests $((end - built)) s)"
+exit "$status"
