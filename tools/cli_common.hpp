@@ -46,6 +46,7 @@ Command register_run(CLI::App& root);
 Command register_qa(CLI::App& root);
 Command register_demo(CLI::App& root);
 Command register_tokenize(CLI::App& root);
+Command register_serve(CLI::App& root);
 
 // Number checks whose messages say what is wanted ("--max-new-tokens: expects a whole number
 // >= 0, got 'abc'"); CLI11's own checks print the range as 0.000000 to 1.797693e+308.

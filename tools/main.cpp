@@ -17,12 +17,13 @@ int main(int argc, char** argv) {
       "  promptcache run --model /tmp/tiny --schema schemas/trip.xml --prompt "
       "schemas/trip.prompt.xml\n"
       "  promptcache qa --model /tmp/tiny --docs docs/ --question \"What is a prompt module?\"\n"
-      "  promptcache tokenize --model /tmp/tiny --text \"Hello world\" --json\n"};
+      "  promptcache tokenize --model /tmp/tiny --text \"Hello world\" --json\n"
+      "  promptcache serve --model /tmp/tiny --schema schemas/trip.xml --port 8080\n"};
   app.require_subcommand(1);
   std::vector<cli::Command> commands = {cli::register_demo(app),     cli::register_layout(app),
                                         cli::register_run(app),      cli::register_qa(app),
                                         cli::register_generate(app), cli::register_make_model(app),
-                                        cli::register_tokenize(app)};
+                                        cli::register_tokenize(app), cli::register_serve(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
