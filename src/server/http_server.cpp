@@ -428,8 +428,11 @@ int Server::start() {
   const int p = bind();
   impl_->start_scheduler();
   impl_->listener = std::thread([this] { impl_->http.listen_after_bind(); });
-  // Serve only once the listener thread is accepting, so the caller can connect at once.
-  while (!impl_->http.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // Return once the listener thread is accepting, so the caller can connect at once.
+  for (int waited = 0; !impl_->http.is_running(); ++waited) {
+    if (waited == 10000) throw Error(ErrorKind::kIo, "the HTTP listener did not start");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   return p;
 }
 

@@ -37,10 +37,23 @@ inline std::string docs_prompt(int i) {
          "</user></prompt>";
 }
 
+// The tiny model with a context of 32768 positions: generations long enough (tens of thousands
+// of tokens) that a test can be sure to disconnect before one ends, on any device.
+inline std::unique_ptr<Engine> long_context_engine() {
+  ModelConfig c = tiny_config();
+  c.max_position_embeddings = 32768;
+  EngineOptions options;
+  options.chat_template = "llama-2";
+  return std::make_unique<Engine>(
+      LlamaModel::from_tensors(c, random_llama_weights(c, 1, 0.15), test_load_options()),
+      load_sentencepiece_tokenizer(tiny_tokenizer_path()), options);
+}
+
 struct TestServer {
-  explicit TestServer(server::ServerOptions options = {}) {
+  explicit TestServer(server::ServerOptions options = {},
+                      std::unique_ptr<Engine> engine = tiny_engine()) {
     options.port = 0;
-    srv = std::make_unique<server::Server>(tiny_engine(), options);
+    srv = std::make_unique<server::Server>(std::move(engine), options);
     port = srv->start();
   }
   ~TestServer() { srv->stop(); }
