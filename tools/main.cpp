@@ -19,13 +19,14 @@ int main(int argc, char** argv) {
       "  promptcache qa --model /tmp/tiny --docs docs/ --question \"What is a prompt module?\"\n"
       "  promptcache tokenize --model /tmp/tiny --text \"Hello world\" --json\n"
       "  promptcache compile schemas/trip.xml --model /tmp/tiny --cache-dir /tmp/states\n"
-      "  promptcache cache ls --cache-dir /tmp/states\n"};
+      "  promptcache cache ls --cache-dir /tmp/states\n"
+      "  promptcache serve --model /tmp/tiny --schema schemas/trip.xml --port 8080\n"};
   app.require_subcommand(1);
-  std::vector<cli::Command> commands = {cli::register_demo(app),     cli::register_layout(app),
-                                        cli::register_run(app),      cli::register_qa(app),
-                                        cli::register_generate(app), cli::register_make_model(app),
-                                        cli::register_tokenize(app), cli::register_compile(app),
-                                        cli::register_cache(app),    cli::register_fidelity(app)};
+  std::vector<cli::Command> commands = {
+      cli::register_demo(app),     cli::register_layout(app),   cli::register_run(app),
+      cli::register_qa(app),       cli::register_generate(app), cli::register_make_model(app),
+      cli::register_tokenize(app), cli::register_compile(app),  cli::register_cache(app),
+      cli::register_fidelity(app), cli::register_serve(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

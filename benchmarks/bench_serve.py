@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""Load benchmark of `promptcache serve`: requests/s and p50/p99 TTFT at several numbers of
+concurrent clients, with prompts that pick different documents.
+
+    benchmarks/bench_serve.py --binary build/promptcache [--model DIR] [--clients 1,4,16]
+
+Starts `promptcache serve` on a free port (on a bench-small model it makes with `make-model`
+unless --model is given), posts a schema of --docs documents, then for every client count runs
+three modes on the same document choices:
+
+  cached    POST /v1/prompt, the documents as prompt modules (their stored states are reused)
+  uncached  POST /v1/prompt with "use_cache": false (the whole prompt is prefilled)
+  prefix    POST /v1/completions with the same text and no modules: the server's plain path,
+            which reuses only the longest token prefix of the previous request (what vLLM,
+            SGLang and llama-server do)
+
+Each client streams its answers and measures TTFT from sending the request to the first token
+event. Request i picks documents i % D and (3 i + 1) % D, so consecutive requests differ early
+in the prompt. The machine running this is the machine measured: numbers from a shared machine
+are noisy; compare the modes of one run with each other.
+"""
+import argparse
+import http.client
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "corpus.txt")
+
+
+def documents(count, words):
+    """`count` different documents of about `words` words, cut from the built-in corpus."""
+    text = open(CORPUS, encoding="utf-8").read().split()
+    docs = []
+    for i in range(count):
+        start = (i * 997) % len(text)
+        doc = [text[(start + k) % len(text)] for k in range(words)]
+        docs.append(f"Document {i}: " + " ".join(doc))
+    return docs
+
+
+def xml_escape(s):
+    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+QUESTIONS = ["What happened first?", "Who is in the story?", "Where does it take place?",
+             "Why did they do it?"]
+SYSTEM = "You answer questions using only the documents given to you."
+
+
+def picks(i, docs):
+    a, b = i % docs, (3 * i + 1) % docs
+    if a == b:
+        b = (b + 1) % docs
+    return sorted((a, b))
+
+
+class Server:
+    def __init__(self, binary, model, threads):
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+        cmd = [binary, "serve", "--model", model, "--port", "0", "--max-batch", "16"]
+        if threads:
+            cmd += ["--threads", str(threads)]
+        self.proc = subprocess.Popen(cmd, stderr=self.log, stdout=subprocess.DEVNULL)
+        for _ in range(6000):
+            self.log.seek(0)
+            m = re.search(r"listening on http://[^:]+:(\d+)/", self.log.read())
+            if m:
+                self.port = int(m.group(1))
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        self.log.seek(0)
+        sys.exit("the server did not start:\n" + self.log.read())
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait()
+        os.unlink(self.log.name)
+
+
+def post(port, path, body):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
+    conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+    return conn, conn.getresponse()
+
+
+def post_schema(port, name, docs):
+    modules = "".join(f'<module name="d{i}">{xml_escape(d)}</module>' for i, d in enumerate(docs))
+    xml = f'<schema name="{name}"><system>{SYSTEM}</system>{modules}</schema>'
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
+    conn.request("POST", "/v1/schemas?stream=false", body=xml.encode(),
+                 headers={"Content-Type": "application/xml"})
+    r = conn.getresponse()
+    body = r.read()
+    if r.status != 200:
+        sys.exit(f"schema refused: {body[:500]}")
+    return json.loads(body)
+
+
+def request(port, mode, i, docs, max_tokens):
+    """Sends request i in `mode`; returns (ttft seconds, total seconds, cached tokens)."""
+    chosen = picks(i, len(docs))
+    question = QUESTIONS[i % len(QUESTIONS)]
+    if mode == "prefix":
+        text = SYSTEM + " " + " ".join(docs[d] for d in chosen) + " " + question
+        path = "/v1/completions"
+        body = {"prompt": text, "max_tokens": max_tokens, "stream": True,
+                "stream_options": {"include_usage": True}}
+    else:
+        refs = "".join(f"<d{d}/>" for d in chosen)
+        path = "/v1/prompt"
+        body = {"prompt": f'<prompt schema="bench">{refs}<user>{question}</user></prompt>',
+                "max_new_tokens": max_tokens, "stream": True, "use_cache": mode == "cached"}
+    start = time.perf_counter()
+    conn, r = post(port, path, json.dumps(body).encode())
+    if r.status != 200:
+        sys.exit(f"{mode} request failed: {r.status} {r.read()[:500]}")
+    ttft, cached = None, 0
+    for raw in r:
+        line = raw.decode("utf-8", "replace").strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        ev = json.loads(line[6:])
+        is_token = ev.get("type") == "token" or (
+            mode == "prefix" and ev.get("choices") and ev["choices"][0].get("text"))
+        if is_token and ttft is None:
+            ttft = time.perf_counter() - start
+        if ev.get("type") == "done":
+            cached = ev["tokens"]["cached"]
+        if mode == "prefix" and ev.get("usage"):
+            cached = ev["usage"]["prompt_tokens_details"]["cached_tokens"]
+    conn.close()
+    total = time.perf_counter() - start
+    return (ttft if ttft is not None else total), total, cached
+
+
+def run_level(port, mode, clients, per_client, docs, max_tokens, offset):
+    results, lock = [], threading.Lock()
+
+    def client(c):
+        for k in range(per_client):
+            out = request(port, mode, offset + c * per_client + k, docs, max_tokens)
+            with lock:
+                results.append(out)
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    ttfts = sorted(r[0] for r in results)
+
+    def pct(p):
+        return ttfts[min(len(ttfts) - 1, int(round(p / 100 * (len(ttfts) - 1))))]
+
+    return {"mode": mode, "clients": clients, "requests": len(results),
+            "requests_per_s": len(results) / wall, "ttft_p50_ms": 1e3 * statistics.median(ttfts),
+            "ttft_p99_ms": 1e3 * pct(99),
+            "cached_tokens_mean": statistics.mean(r[2] for r in results)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--binary", default="build/promptcache")
+    ap.add_argument("--model", help="model folder (default: a bench-small model made here)")
+    ap.add_argument("--clients", default="1,4,16")
+    ap.add_argument("--modes", default="cached,uncached,prefix")
+    ap.add_argument("--docs", type=int, default=8)
+    ap.add_argument("--doc-words", type=int, default=150)
+    ap.add_argument("--requests", type=int, default=16,
+                    help="requests per mode and client count (at least one per client)")
+    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--json", help="also write the results to this file")
+    args = ap.parse_args()
+
+    tmp = None
+    model = args.model
+    if not model:
+        tmp = tempfile.mkdtemp(prefix="bench-serve-")
+        model = os.path.join(tmp, "bench-small")
+        subprocess.run([args.binary, "make-model", "--shape", "bench-small", "--seed", "1",
+                        "--out", model], check=True, stdout=subprocess.DEVNULL)
+    docs = documents(args.docs, args.doc_words)
+    server = Server(args.binary, model, args.threads)
+    rows = []
+    try:
+        schema = post_schema(server.port, "bench", docs)
+        print(f"schema: {len(docs)} documents, {schema['total_length']} positions, compiled in "
+              f"{schema['compile']['ms']:.0f} ms", file=sys.stderr)
+        offset = 0
+        for clients in [int(c) for c in args.clients.split(",")]:
+            per_client = max(1, args.requests // clients)
+            for mode in args.modes.split(","):
+                request(server.port, mode, 10_000 + clients, docs, args.max_tokens)  # warm-up
+                row = run_level(server.port, mode, clients, per_client, docs, args.max_tokens,
+                                offset)
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr)
+            offset += 1000
+    finally:
+        server.stop()
+        if tmp:
+            shutil.rmtree(tmp)
+
+    print("| clients | mode | requests | requests/s | TTFT p50 ms | TTFT p99 ms | cached tokens/request |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['clients']} | {r['mode']} | {r['requests']} | {r['requests_per_s']:.2f} | "
+              f"{r['ttft_p50_ms']:.0f} | {r['ttft_p99_ms']:.0f} | {r['cached_tokens_mean']:.0f} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

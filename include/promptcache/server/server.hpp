@@ -1,0 +1,56 @@
+// promptcache/server/server.hpp — `promptcache serve`: the engine behind an HTTP API.
+//
+//   auto server = promptcache::server::Server(promptcache::Engine::open(dir), {});
+//   server.add_schema_file("schemas/docqa.xml");
+//   server.listen();  // blocks; or start() to serve from a background thread
+//
+// Endpoints (docs/server.md): POST/GET/DELETE /v1/schemas, POST /v1/prompt (PML prompts, SSE
+// with "stream": true), OpenAI-compatible /v1/chat/completions and /v1/completions, GET /health,
+// GET /metrics (Prometheus), GET / (the playground page). One scheduler thread owns the Engine;
+// prompt requests waiting together run as one batch (Engine::generate_batch).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "promptcache/engine.hpp"
+
+namespace promptcache::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;  // 0: any free port (port() tells which)
+  int max_batch = 16;
+  int http_threads = 64;  // connections served at once (each streaming client holds one)
+  std::string api_key;    // when set, every endpoint but /health wants "Authorization: Bearer KEY"
+  std::string cache_dir;  // when set, compiled states are kept there as NAME.states
+  std::string model_name = "promptcache";  // the "model" of OpenAI responses
+};
+
+class Server {
+ public:
+  Server(std::unique_ptr<Engine> engine, ServerOptions options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Compiles a schema file (src attributes relative to it) before serving; progress as
+  // Engine::add_schema reports it. Throws promptcache::Error.
+  void add_schema_file(const std::string& path, const Engine::ProgressCallback& progress = {});
+
+  // Binds host:port (Error(kIo) when it cannot) and returns the port.
+  int bind();
+  // Serves until stop(); binds first when bind() was not called.
+  void listen();
+  // bind() and listen() on a background thread; returns the port.
+  int start();
+  // Stops accepting, refuses queued requests, ends running generations at their next token.
+  void stop();
+  int port() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace promptcache::server

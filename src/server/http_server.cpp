@@ -1,0 +1,452 @@
+// The HTTP side of `promptcache serve`: routes, the API key, and how a job's events become a
+// JSON body or a server-sent event stream. The engine is only reached through the Scheduler.
+#include <httplib.h>
+
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <regex>
+#include <set>
+
+#include "openai.hpp"
+#include "promptcache/server/server.hpp"
+#include "scheduler.hpp"
+#include "views.hpp"
+
+namespace promptcache::server {
+
+const char* playground_html();  // generated from web/playground.html
+
+using nlohmann::json;
+
+namespace {
+
+// How long a handler waits for its job's next event before it writes something to its client
+// (a space before a JSON body, an SSE comment in a stream): a write is how a client that went
+// away is noticed, and its generation then stops at the next token.
+constexpr std::chrono::milliseconds kPoll{200};
+
+// How a job's events become the response.
+struct Format {
+  std::function<std::string(const Event&)> accepted;  // stream: written first (may be "")
+  std::function<std::string(const Event&)> token;     // stream: one per token
+  std::function<std::string(const Event&)> progress;  // stream: compile progress
+  std::function<std::string(const Event&)> done;      // stream: last event; else the JSON body
+  std::string end;                                    // stream: after the last event
+};
+
+std::string sse(const json& j) {
+  return "data: " + dump(j) + "\n\n";
+}
+
+void send_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(dump(body), "application/json");
+}
+
+// A schema posted over HTTP may not read server files: module src attributes are refused
+// before the parser would open them.
+void refuse_src(const std::string& xml) {
+  static const std::regex src(R"(<\s*module\b[^>]*\bsrc\s*=)");
+  if (std::regex_search(xml, src)) {
+    throw Error(ErrorKind::kSchema,
+                "module src files are not read from schemas posted to the server; put the text "
+                "in the module, or start the server with --schema FILE",
+                SourceLocation{"<request>", 0, 0, "<module src=...>"});
+  }
+}
+
+bool stream_query(const httplib::Request& req, bool fallback) {
+  if (!req.has_param("stream")) return fallback;
+  const std::string v = req.get_param_value("stream");
+  return !(v == "0" || v == "false" || v == "no");
+}
+
+}  // namespace
+
+struct Server::Impl {
+  Impl(std::unique_ptr<Engine> e, ServerOptions o)
+      : engine(std::move(e)),
+        options(std::move(o)),
+        scheduler(*engine, metrics, options.max_batch, options.cache_dir) {}
+
+  std::unique_ptr<Engine> engine;
+  ServerOptions options;
+  Metrics metrics;
+  Scheduler scheduler;
+  httplib::Server http;
+  int port = -1;
+  bool started = false;
+  std::thread listener;
+  std::atomic<uint64_t> next_id{1};
+
+  void routes();
+  bool authorized(const httplib::Request& req) const;
+  void reply(const JobPtr& job, bool stream, Format format, httplib::Response& res);
+  void post_schema(const httplib::Request& req, httplib::Response& res);
+  void post_prompt(const httplib::Request& req, httplib::Response& res);
+  void post_openai(const httplib::Request& req, httplib::Response& res, bool chat);
+  void delete_schema(const std::string& name, httplib::Response& res);
+  void start_scheduler() {
+    if (!started) scheduler.start();
+    started = true;
+  }
+};
+
+bool Server::Impl::authorized(const httplib::Request& req) const {
+  if (options.api_key.empty() || req.path == "/health") return true;
+  const std::string header = req.get_header_value("Authorization");
+  if (header == "Bearer " + options.api_key) return true;
+  if (req.get_header_value("X-API-Key") == options.api_key) return true;
+  // The playground page is opened by a browser, which cannot add a header: /?api_key=KEY.
+  return req.path == "/" && req.get_param_value("api_key") == options.api_key;
+}
+
+void Server::Impl::reply(const JobPtr& job, bool stream, Format format, httplib::Response& res) {
+  job->arrival_ms = now_ms();
+  scheduler.submit(job);
+  std::optional<Event> first;
+  while (!(first = job->channel.pop(kPoll))) {
+  }
+  if (first->type == Event::Type::kError) {
+    send_json(res, first->status, first->body);
+    return;
+  }
+  if (!stream && format.accepted) format.accepted(*first);  // what it records (token counts)
+  auto pending = std::make_shared<std::optional<Event>>(std::move(first));
+  const auto releaser = [job](bool success) {
+    if (!success) job->cancelled = true;
+  };
+  if (stream) {
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [job, format, pending](size_t, httplib::DataSink& sink) {
+          const auto write = [&](const std::string& s) {
+            if (s.empty() || sink.write(s.data(), s.size())) return true;
+            job->cancelled = true;
+            return false;
+          };
+          if (*pending) {
+            if (!write(format.accepted(**pending))) return false;
+            pending->reset();
+          }
+          for (;;) {
+            std::optional<Event> ev = job->channel.pop(kPoll);
+            if (!ev) {
+              if (!write(": waiting\n\n")) return false;
+              continue;
+            }
+            switch (ev->type) {
+              case Event::Type::kToken:
+                if (!write(format.token(*ev))) return false;
+                break;
+              case Event::Type::kProgress:
+                if (!write(format.progress(*ev))) return false;
+                break;
+              case Event::Type::kDone:
+                if (!write(format.done(*ev)) || !write(format.end)) return false;
+                sink.done();
+                return true;
+              case Event::Type::kError:
+                // After the status line went out: the error is the stream's last event.
+                if (!write(sse(ev->body)) || !write(format.end)) return false;
+                sink.done();
+                return true;
+              case Event::Type::kAccepted:
+                break;
+            }
+          }
+        },
+        releaser);
+    return;
+  }
+  res.set_chunked_content_provider(
+      "application/json",
+      [job, format](size_t, httplib::DataSink& sink) {
+        double last_write = now_ms();
+        for (;;) {
+          std::optional<Event> ev = job->channel.pop(kPoll);
+          if (now_ms() - last_write >= kPoll.count()) {
+            // JSON allows leading whitespace: a space keeps the connection checked.
+            if (!sink.write(" ", 1)) {
+              job->cancelled = true;
+              return false;
+            }
+            last_write = now_ms();
+          }
+          if (!ev || (ev->type != Event::Type::kDone && ev->type != Event::Type::kError)) continue;
+          const std::string body =
+              ev->type == Event::Type::kDone ? format.done(*ev) : dump(ev->body);
+          if (!sink.write(body.data(), body.size())) return false;
+          sink.done();
+          return true;
+        }
+      },
+      releaser);
+}
+
+void Server::Impl::post_schema(const httplib::Request& req, httplib::Response& res) {
+  std::string xml = req.body;
+  if (req.get_header_value("Content-Type").rfind("application/json", 0) == 0) {
+    const json body = parse_body(req.body);
+    if (!body.contains("xml") || !body["xml"].is_string()) {
+      throw Error(ErrorKind::kInvalidArgument,
+                  "a JSON body must hold the schema as {\"xml\": \"<schema ...>\"}");
+    }
+    xml = body["xml"];
+  }
+  refuse_src(xml);
+  auto job = std::make_shared<Job>();
+  job->kind = Job::Kind::kCompile;
+  job->schema = pml::parse_schema_string(xml, "<request>");
+  Format f;
+  f.accepted = [](const Event& e) { return sse(e.body); };
+  f.progress = [](const Event& e) { return sse(e.body); };
+  f.token = [](const Event&) { return std::string(); };
+  const bool stream = stream_query(req, true);
+  f.done = [stream](const Event& e) {
+    json done = {{"type", "done"}, {"schema", e.body}};
+    return stream ? sse(done) : dump(e.body);
+  };
+  reply(job, stream, f, res);
+}
+
+void Server::Impl::delete_schema(const std::string& name, httplib::Response& res) {
+  auto job = std::make_shared<Job>();
+  job->kind = Job::Kind::kDelete;
+  job->schema_name = name;
+  job->arrival_ms = now_ms();
+  scheduler.submit(job);
+  std::optional<Event> ev;
+  while (!(ev = job->channel.pop(kPoll))) {
+  }
+  send_json(res, ev->type == Event::Type::kError ? ev->status : 200, ev->body);
+}
+
+void Server::Impl::post_prompt(const httplib::Request& req, httplib::Response& res) {
+  const json body = parse_body(req.body);
+  static const std::set<std::string> known = {
+      "prompt", "stream", "use_cache",          "max_new_tokens", "temperature",
+      "top_k",  "top_p",  "repetition_penalty", "seed",           "stop"};
+  for (const auto& [key, _] : body.items()) {
+    if (!known.count(key)) {
+      throw Error(ErrorKind::kInvalidArgument,
+                  "unknown field '" + key +
+                      "' (known: prompt, stream, use_cache, max_new_tokens, temperature, top_k, "
+                      "top_p, repetition_penalty, seed, stop)");
+    }
+  }
+  if (!body.contains("prompt") || !body["prompt"].is_string()) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "'prompt' must be a PML prompt string (<prompt schema=\"...\">...</prompt>)");
+  }
+  auto job = std::make_shared<Job>();
+  job->kind = Job::Kind::kPrompt;
+  job->params = sampling_from_json(body, "max_new_tokens");
+  job->prompt = pml::parse_prompt_string(body["prompt"].get<std::string>(), "<prompt>");
+  for (const char* flag : {"use_cache", "stream"}) {
+    if (body.contains(flag) && !body[flag].is_boolean()) {
+      throw Error(ErrorKind::kInvalidArgument, std::string("'") + flag + "' must be true or false");
+    }
+  }
+  job->use_cache = body.value("use_cache", true);
+  const bool stream = body.value("stream", false);
+  const bool use_cache = job->use_cache;
+  Format f;
+  f.accepted = [](const Event& e) {
+    return sse({{"type", "accepted"}, {"prompt_tokens", e.prompt_tokens}});
+  };
+  f.progress = [](const Event&) { return std::string(); };
+  f.token = [](const Event& e) { return sse({{"type", "token"}, {"id", e.id}, {"text", e.text}}); };
+  f.done = [stream, use_cache](const Event& e) {
+    json j = response_json(e.response, use_cache, e.batch_size, e.queue_ms);
+    if (!stream) return dump(j);
+    j["type"] = "done";
+    return sse(j);
+  };
+  reply(job, stream, f, res);
+}
+
+void Server::Impl::post_openai(const httplib::Request& req, httplib::Response& res, bool chat) {
+  OpenAIRequest request = openai_request(parse_body(req.body), chat);
+  auto reply_info = std::make_shared<OpenAIReply>();
+  reply_info->chat = chat;
+  reply_info->id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
+  reply_info->model = options.model_name;
+  reply_info->created = std::chrono::duration_cast<std::chrono::seconds>(
+                            std::chrono::system_clock::now().time_since_epoch())
+                            .count();
+  auto prompt_tokens = std::make_shared<int64_t>(0);
+  const bool usage = request.include_usage;
+  Format f;
+  f.accepted = [reply_info, prompt_tokens](const Event& e) {
+    *prompt_tokens = e.prompt_tokens;
+    return reply_info->chat ? sse(openai_chunk(*reply_info, "", true, nullptr)) : std::string();
+  };
+  f.progress = [](const Event&) { return std::string(); };
+  f.token = [reply_info](const Event& e) {
+    return e.text.empty() ? std::string() : sse(openai_chunk(*reply_info, e.text, false, nullptr));
+  };
+  const bool stream = request.stream;
+  f.done = [reply_info, prompt_tokens, stream, usage](const Event& e) {
+    if (!stream) return dump(openai_response(*reply_info, e, *prompt_tokens));
+    std::string out =
+        sse(openai_chunk(*reply_info, "", false, finish_reason(e.response.stop_reason)));
+    if (usage) out += sse(openai_usage_chunk(*reply_info, e, *prompt_tokens));
+    return out;
+  };
+  f.end = "data: [DONE]\n\n";
+  reply(request.job, stream, f, res);
+}
+
+void Server::Impl::routes() {
+  http.new_task_queue = [n = options.http_threads] {
+    return new httplib::ThreadPool(static_cast<size_t>(n));
+  };
+  http.set_payload_max_length(std::size_t{256} << 20);
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
+    res.set_header("WWW-Authenticate", "Bearer");
+    send_json(res, 401,
+              error_json("a valid API key is required: send \"Authorization: Bearer KEY\"",
+                         "authentication_error"));
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (res.status == 404 && res.body.empty()) {
+      send_json(res, 404,
+                error_json("no endpoint " + req.method + " " + req.path + " (see docs/server.md)",
+                           "not_found_error"));
+    }
+  });
+  http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    metrics.count_request(endpoint_label(req.path), res.status);
+  });
+  // Every handler's promptcache::Error becomes a 4xx/5xx JSON error naming the problem.
+  const auto guarded = [](std::function<void(const httplib::Request&, httplib::Response&)> h) {
+    return [h](const httplib::Request& req, httplib::Response& res) {
+      try {
+        h(req, res);
+      } catch (const Error& e) {
+        send_json(res, error_status(e), error_json(e));
+      } catch (const std::exception& e) {
+        send_json(res, 500, error_json(std::string("internal error: ") + e.what(), "server_error"));
+      }
+    };
+  };
+  http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(playground_html(), "text/html; charset=utf-8");
+  });
+  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    const Gauges g = scheduler.gauges();
+    send_json(res, 200, {{"status", "ok"}, {"schemas", g.schemas}, {"queued", g.queued}});
+  });
+  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics.render(scheduler.gauges()), "text/plain; version=0.0.4");
+  });
+  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    send_json(res, 200,
+              {{"object", "list"},
+               {"data", json::array({{{"id", options.model_name},
+                                      {"object", "model"},
+                                      {"created", 0},
+                                      {"owned_by", "promptcache"}}})}});
+  });
+  http.Get("/v1/schemas", [this](const httplib::Request&, httplib::Response& res) {
+    send_json(res, 200, {{"schemas", scheduler.schema_list()}});
+  });
+  http.Get(R"(/v1/schemas/([^/]+))",
+           guarded([this](const httplib::Request& req, httplib::Response& res) {
+             const std::string name = req.matches[1];
+             auto view = scheduler.schema(name);
+             if (!view)
+               throw Error(ErrorKind::kUnknownSchema, "schema '" + name + "' is not loaded");
+             send_json(res, 200, *view);
+           }));
+  http.Delete(R"(/v1/schemas/([^/]+))",
+              guarded([this](const httplib::Request& req, httplib::Response& res) {
+                delete_schema(req.matches[1], res);
+              }));
+  http.Post("/v1/schemas", guarded([this](const httplib::Request& req, httplib::Response& res) {
+              post_schema(req, res);
+            }));
+  http.Post("/v1/prompt", guarded([this](const httplib::Request& req, httplib::Response& res) {
+              post_prompt(req, res);
+            }));
+  http.Post("/v1/chat/completions",
+            guarded([this](const httplib::Request& req, httplib::Response& res) {
+              post_openai(req, res, true);
+            }));
+  http.Post("/v1/completions", guarded([this](const httplib::Request& req, httplib::Response& res) {
+              post_openai(req, res, false);
+            }));
+}
+
+Server::Server(std::unique_ptr<Engine> engine, ServerOptions options)
+    : impl_(std::make_unique<Impl>(std::move(engine), std::move(options))) {
+  impl_->routes();
+}
+
+Server::~Server() {
+  stop();
+}
+
+void Server::add_schema_file(const std::string& path, const Engine::ProgressCallback& progress) {
+  if (impl_->started) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "add_schema_file is for before serving; post schemas to /v1/schemas instead");
+  }
+  impl_->scheduler.add_schema_file(path, progress);
+}
+
+int Server::bind() {
+  if (impl_->port >= 0) return impl_->port;
+  // A client that goes away mid-response must not kill the server: writes then fail instead.
+  std::signal(SIGPIPE, SIG_IGN);
+  const ServerOptions& o = impl_->options;
+  if (o.port == 0) {
+    impl_->port = impl_->http.bind_to_any_port(o.host);
+  } else if (impl_->http.bind_to_port(o.host, o.port)) {
+    impl_->port = o.port;
+  }
+  if (impl_->port <= 0) {
+    impl_->port = -1;
+    throw Error(ErrorKind::kIo, "cannot listen on " + o.host + ":" + std::to_string(o.port) +
+                                    " (in use, or not an address of this machine)");
+  }
+  return impl_->port;
+}
+
+void Server::listen() {
+  bind();
+  impl_->start_scheduler();
+  impl_->http.listen_after_bind();
+}
+
+int Server::start() {
+  const int p = bind();
+  impl_->start_scheduler();
+  impl_->listener = std::thread([this] { impl_->http.listen_after_bind(); });
+  // Return once the listener thread is accepting, so the caller can connect at once.
+  for (int waited = 0; !impl_->http.is_running(); ++waited) {
+    if (waited == 10000) throw Error(ErrorKind::kIo, "the HTTP listener did not start");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return p;
+}
+
+void Server::stop() {
+  if (!impl_) return;
+  // The scheduler first: queued requests are refused and the running generation ends, so no
+  // handler is left waiting when the HTTP threads are joined.
+  impl_->scheduler.stop();
+  impl_->http.stop();
+  if (impl_->listener.joinable()) impl_->listener.join();
+}
+
+int Server::port() const {
+  return impl_->port;
+}
+
+}  // namespace promptcache::server

@@ -1,0 +1,77 @@
+// A unit of work for the scheduler thread (the engine's only user) and the channel its HTTP
+// handler reads the results from.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "promptcache/engine.hpp"
+
+namespace promptcache::server {
+
+// What the scheduler reports about a job, in order: kAccepted (or kError) once the request is
+// known to be valid, then kToken / kProgress events, then kDone (or kError).
+struct Event {
+  enum class Type { kAccepted, kToken, kProgress, kDone, kError };
+  Type type = Type::kDone;
+  std::string text;           // kToken: the text the token adds
+  TokenId id = -1;            // kToken
+  nlohmann::json body;        // kProgress, kDone (schemas), kError: the JSON to send
+  int status = 200;           // kError: the HTTP status
+  Response response;          // kDone of a generation
+  int batch_size = 1;         // kDone: how many requests ran together
+  double queue_ms = 0;        // kDone: arrival to the start of its run
+  int64_t prompt_tokens = 0;  // kAccepted
+};
+
+// One producer (the scheduler), one consumer (the handler).
+class Channel {
+ public:
+  void push(Event e) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      events_.push_back(std::move(e));
+    }
+    ready_.notify_one();
+  }
+  // The next event, or nothing after `timeout` without one.
+  std::optional<Event> pop(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!ready_.wait_for(lock, timeout, [&] { return !events_.empty(); })) return std::nullopt;
+    Event e = std::move(events_.front());
+    events_.pop_front();
+    return e;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<Event> events_;
+};
+
+struct Job {
+  enum class Kind { kPrompt, kPlain, kCompile, kDelete };
+  Kind kind = Kind::kPrompt;
+  pml::Prompt prompt;                                           // kPrompt
+  std::function<std::vector<TokenId>(const Engine&)> tokenize;  // kPlain: the prompt's ids
+  pml::Schema schema;                                           // kCompile
+  std::string schema_name;                                      // kDelete
+  SamplingParams params;
+  bool use_cache = true;
+  double arrival_ms = 0;
+  // Set by the handler when its client is gone: the token callbacks then return false.
+  std::atomic<bool> cancelled{false};
+  Channel channel;
+};
+using JobPtr = std::shared_ptr<Job>;
+
+}  // namespace promptcache::server

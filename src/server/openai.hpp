@@ -1,0 +1,48 @@
+// The OpenAI-compatible endpoints: /v1/chat/completions and /v1/completions requests become
+// Jobs, and answers become the response and chunk shapes OpenAI clients read.
+//
+// An extra request field selects prompt modules:
+//   "promptcache": {"schema": "docs", "modules": ["doc-a", {"name": "focus",
+//                   "arguments": {"topic": "x"}, "modules": [...]}], "use_cache": true}
+// The messages are then the prompt's turns after the selected modules. Without it the request
+// runs on the plain model, reusing the longest token prefix of the previous such request.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "job.hpp"
+
+namespace promptcache::server {
+
+struct OpenAIRequest {
+  JobPtr job;
+  bool chat = true;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
+};
+
+// Error(kInvalidArgument) naming the field for a malformed request.
+OpenAIRequest openai_request(const nlohmann::json& body, bool chat);
+
+// What every response and chunk of one request shares.
+struct OpenAIReply {
+  bool chat = true;
+  std::string id;  // "chatcmpl-N" / "cmpl-N"
+  std::string model;
+  int64_t created = 0;  // Unix seconds
+};
+
+// The whole answer (non-streaming), usage included.
+nlohmann::json openai_response(const OpenAIReply& reply, const Event& done, int64_t prompt_tokens);
+// One streamed chunk: `text` as the delta (chat: the first one also carries the role), and
+// finish_reason on the last.
+nlohmann::json openai_chunk(const OpenAIReply& reply, const std::string& text, bool first,
+                            const char* finish_reason);
+// The last chunk of a stream with stream_options.include_usage: no choices, the usage.
+nlohmann::json openai_usage_chunk(const OpenAIReply& reply, const Event& done,
+                                  int64_t prompt_tokens);
+// "stop" or "length" (the token limit or the context).
+const char* finish_reason(StopReason reason);
+
+}  // namespace promptcache::server

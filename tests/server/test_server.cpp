@@ -1,0 +1,421 @@
+// `promptcache serve` over HTTP: every endpoint, streaming, batching of concurrent clients,
+// errors, client disconnects and the API key. Each test starts its own server on a free port.
+#include <atomic>
+#include <thread>
+
+#include "prefix_session.hpp"
+#include "server/server_fixture.hpp"
+
+using nlohmann::json;
+using namespace promptcache;
+using namespace promptcache::test;
+
+namespace {
+
+SamplingParams greedy(int n) {
+  SamplingParams p;
+  p.max_new_tokens = n;
+  return p;
+}
+
+std::unique_ptr<Engine> reference_engine() {
+  auto e = tiny_engine();
+  e->add_schema_string(docs_schema());
+  return e;
+}
+
+}  // namespace
+
+TEST_CASE("serve: schemas are compiled with streamed progress, listed, shown and deleted",
+          "[server]") {
+  TestServer s;
+  CHECK(get_json(s, "/health")["status"] == "ok");
+  const auto events = post_schema(s, docs_schema());
+  REQUIRE(events.size() >= 3);
+  CHECK(events.front()["type"] == "accepted");
+  CHECK(events.front()["schema"] == "docs");
+  CHECK(events[1]["type"] == "progress");
+  CHECK(events[1]["passes"].get<int>() >= 1);
+  CHECK(events.back()["type"] == "done");
+  const json& layout = events.back()["schema"];
+  CHECK(layout["name"] == "docs");
+  CHECK(layout["modules"].size() == 9);  // the root and d0..d7
+
+  const json list = get_json(s, "/v1/schemas")["schemas"];
+  REQUIRE(list.size() == 1);
+  CHECK(list[0]["name"] == "docs");
+
+  const json shown = get_json(s, "/v1/schemas/docs");
+  CHECK(shown == layout);
+  const json& d3 = shown["modules"][4];
+  CHECK(d3["path"] == "d3");
+  CHECK(d3["cached"] == true);
+  CHECK(d3["tokens"].get<int>() > 3);
+  CHECK(d3["end"].get<int>() - d3["begin"].get<int>() == d3["tokens"].get<int>());
+  CHECK(shown["compile"]["bytes"].get<int64_t>() > 0);
+
+  // ?stream=false: one JSON body, the layout.
+  Posted plain =
+      post(s, "/v1/schemas?stream=false", docs_schema("docs2"), {}, {}, "application/xml");
+  REQUIRE(plain.status == 200);
+  CHECK(json::parse(plain.body)["name"] == "docs2");
+  CHECK(metric(s, "promptcache_store_bytes") > 0);
+
+  auto del = s.client().Delete("/v1/schemas/docs2");
+  REQUIRE(del);
+  CHECK(del->status == 200);
+  CHECK(get_json(s, "/v1/schemas")["schemas"].size() == 1);
+  get_json(s, "/v1/schemas/docs2", 404);
+  auto again = s.client().Delete("/v1/schemas/docs2");
+  REQUIRE(again);
+  CHECK(again->status == 404);
+  // A prompt naming the deleted schema is refused like any unknown one.
+  const json err = post_json(
+      s, "/v1/prompt", {{"prompt", "<prompt schema=\"docs2\"><user>Hi</user></prompt>"}}, 404);
+  CHECK(err["error"]["kind"] == "unknown schema");
+  CHECK(err["error"]["message"].get<std::string>().find("'docs2' which is not loaded") !=
+        std::string::npos);
+}
+
+TEST_CASE("serve: /v1/prompt answers as Engine::generate does, cached and uncached", "[server]") {
+  TestServer s;
+  post_schema(s, docs_schema());
+  auto ref = reference_engine();
+  for (bool use_cache : {true, false}) {
+    const Response expected =
+        ref->generate_xml(docs_prompt(3), greedy(12), {}, RequestOptions{use_cache});
+    const json r =
+        post_json(s, "/v1/prompt",
+                  {{"prompt", docs_prompt(3)}, {"max_new_tokens", 12}, {"use_cache", use_cache}});
+    CHECK(r["token_ids"].get<std::vector<TokenId>>() == expected.tokens);
+    CHECK(r["text"] == expected.text);
+    CHECK(r["use_cache"] == use_cache);
+    CHECK(r["tokens"]["cached"] == expected.cached_tokens);
+    CHECK(r["tokens"]["fresh"] == expected.fresh_tokens);
+    CHECK(r["timings"]["ttft_ms"].get<double>() > 0);
+    CHECK(r["timings"].contains("assembly_ms"));
+    CHECK(r["timings"].contains("fresh_prefill_ms"));
+    CHECK(r["timings"].contains("decode_ms"));
+  }
+}
+
+TEST_CASE("serve: \"stream\": true sends each token as a server-sent event", "[server]") {
+  TestServer s;
+  post_schema(s, docs_schema());
+  Posted r =
+      post(s, "/v1/prompt",
+           json{{"prompt", docs_prompt(5)}, {"max_new_tokens", 10}, {"stream", true}}.dump());
+  REQUIRE(r.status == 200);
+  const auto events = sse_events(r.body);
+  REQUIRE(events.size() == 12);  // accepted, 10 tokens, done
+  CHECK(events.front()["type"] == "accepted");
+  CHECK(events.front()["prompt_tokens"].get<int>() > 10);
+  std::string text;
+  std::vector<TokenId> ids;
+  for (std::size_t i = 1; i + 1 < events.size(); ++i) {
+    CHECK(events[i]["type"] == "token");
+    text += events[i]["text"].get<std::string>();
+    ids.push_back(events[i]["id"]);
+  }
+  const json& done = events.back();
+  CHECK(done["type"] == "done");
+  CHECK(done["text"] == text);
+  CHECK(done["token_ids"].get<std::vector<TokenId>>() == ids);
+  const Response expected = reference_engine()->generate_xml(docs_prompt(5), greedy(10));
+  CHECK(ids == expected.tokens);
+}
+
+TEST_CASE("serve: 16 concurrent clients get the single-request answers", "[server]") {
+  server::ServerOptions options;
+  options.max_batch = 16;
+  TestServer s(options);
+  post_schema(s, docs_schema());
+  auto ref = reference_engine();
+  constexpr int kClients = 16;
+  std::vector<Response> expected;
+  for (int i = 0; i < kClients; ++i)
+    expected.push_back(ref->generate_xml(docs_prompt(i), greedy(12)));
+  std::vector<json> answers(kClients);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.emplace_back([&, i] {
+      Posted r =
+          post(s, "/v1/prompt", json{{"prompt", docs_prompt(i)}, {"max_new_tokens", 12}}.dump());
+      answers[i] = r.status == 200 ? json::parse(r.body)
+                                   : json{{"status", r.status},
+                                          {"body", r.body},
+                                          {"error", httplib::to_string(r.error)}};
+    });
+  }
+  for (auto& t : clients) t.join();
+  int largest_batch = 0;
+  for (int i = 0; i < kClients; ++i) {
+    INFO("client " << i << ": " << answers[i].dump());
+    REQUIRE(answers[i].contains("token_ids"));
+    CHECK(answers[i]["token_ids"].get<std::vector<TokenId>>() == expected[i].tokens);
+    CHECK(answers[i]["text"] == expected[i].text);
+    largest_batch = std::max(largest_batch, answers[i]["batch_size"].get<int>());
+  }
+  // How many ran together depends on arrival times (the scheduler test pins batching down).
+  WARN("largest batch of the 16 concurrent clients: " << largest_batch);
+  CHECK(metric(s, "promptcache_batch_size_count") >= 1);
+}
+
+TEST_CASE("serve: a client that disconnects stops its generation", "[server]") {
+  // Generations of 30000 tokens take far longer than noticing a client that went away.
+  TestServer s({}, long_context_engine());
+  post_schema(s, docs_schema());
+  constexpr int kLong = 30000;
+  int chunks = 0;
+  Posted r =
+      post(s, "/v1/prompt",
+           json{{"prompt", docs_prompt(1)}, {"max_new_tokens", kLong}, {"stream", true}}.dump(),
+           [&](const std::string&) { return ++chunks < 4; });
+  CHECK(r.error == httplib::Error::Canceled);
+  // The scheduler notices at one of the next tokens; the server is then free for the next.
+  const json next = post_json(s, "/v1/prompt", {{"prompt", docs_prompt(2)}, {"max_new_tokens", 4}});
+  CHECK(next["token_ids"].size() == 4);
+  CHECK(metric(s, "promptcache_cancelled_total") == 1);
+  const double generated = metric(s, "promptcache_generated_tokens_total");
+  CHECK(generated >= 4);
+  CHECK(generated < kLong);
+
+  // A non-streaming client that goes away is noticed too: while it waits the server writes a
+  // space before the JSON body (which JSON allows), and that write fails.
+  Posted gone =
+      post(s, "/v1/prompt", json{{"prompt", docs_prompt(3)}, {"max_new_tokens", kLong}}.dump(),
+           [](const std::string&) { return false; });
+  CHECK(gone.error == httplib::Error::Canceled);
+  for (int i = 0; i < 6000 && metric(s, "promptcache_cancelled_total") < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(metric(s, "promptcache_cancelled_total") == 2);
+  CHECK(metric(s, "promptcache_generated_tokens_total") < 2 * kLong);
+}
+
+TEST_CASE("serve: OpenAI chat and completions, stream and not, with and without modules",
+          "[server]") {
+  TestServer s;
+  post_schema(s, docs_schema());
+  auto ref = reference_engine();
+
+  SECTION("chat with modules equals the PML prompt") {
+    const json r = post_json(s, "/v1/chat/completions",
+                             {{"model", "tiny"},
+                              {"messages", {{{"role", "user"}, {"content", "What happened?"}}}},
+                              {"max_tokens", 8},
+                              {"promptcache", {{"schema", "docs"}, {"modules", {"d0"}}}}});
+    const Response expected = ref->generate_xml(docs_prompt(0), greedy(8));
+    CHECK(r["object"] == "chat.completion");
+    CHECK(r["id"].get<std::string>().rfind("chatcmpl-", 0) == 0);
+    CHECK(r["choices"][0]["message"]["role"] == "assistant");
+    CHECK(r["choices"][0]["message"]["content"] == expected.text);
+    CHECK(r["choices"][0]["finish_reason"] == "length");
+    CHECK(r["usage"]["completion_tokens"] == 8);
+    CHECK(r["usage"]["prompt_tokens_details"]["cached_tokens"] == expected.cached_tokens);
+    CHECK(r["usage"]["total_tokens"] == r["usage"]["prompt_tokens"].get<int>() + 8);
+  }
+  SECTION("plain chat reuses the previous request's prefix and answers as ordinary generation") {
+    const json messages = {{{"role", "system"}, {"content", "You tell stories."}},
+                           {{"role", "user"}, {"content", "Tell me about the cat."}}};
+    const std::vector<TokenId> ids =
+        server::encode_chat(ref->tokenizer(), ref->chat_template(),
+                            {{pml::ChatRole::kSystem, "You tell stories.", {}},
+                             {pml::ChatRole::kUser, "Tell me about the cat.", {}}});
+    const GenerationResult expected = generate(ref->model(), ref->tokenizer(), ids, greedy(10));
+    const json body = {{"messages", messages}, {"max_tokens", 10}};
+    const json first = post_json(s, "/v1/chat/completions", body);
+    CHECK(first["choices"][0]["message"]["content"] == expected.text);
+    CHECK(first["usage"]["prompt_tokens"] == ids.size());
+    const json second = post_json(s, "/v1/chat/completions", body);
+    CHECK(second["choices"][0]["message"]["content"] == expected.text);
+    CHECK(second["usage"]["prompt_tokens_details"]["cached_tokens"] == ids.size() - 1);
+    // A follow-up turn keeps the whole first exchange.
+    json follow = body;
+    follow["messages"].push_back({{"role", "assistant"}, {"content", "It sat."}});
+    follow["messages"].push_back({{"role", "user"}, {"content", "And then?"}});
+    const json third = post_json(s, "/v1/chat/completions", follow);
+    CHECK(third["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>() >=
+          static_cast<int>(ids.size()) - 1);
+  }
+  SECTION("streamed chat chunks add up to the answer, usage last") {
+    Posted r = post(s, "/v1/chat/completions",
+                    json{{"messages", {{{"role", "user"}, {"content", "What happened?"}}}},
+                         {"max_tokens", 8},
+                         {"stream", true},
+                         {"stream_options", {{"include_usage", true}}},
+                         {"promptcache", {{"schema", "docs"}, {"modules", {"d0"}}}}}
+                        .dump());
+    REQUIRE(r.status == 200);
+    const auto events = sse_events(r.body);
+    REQUIRE(events.size() >= 4);
+    CHECK(events.front()["object"] == "chat.completion.chunk");
+    CHECK(events.front()["choices"][0]["delta"]["role"] == "assistant");
+    CHECK(events.back() == "[DONE]");
+    const json& usage = events[events.size() - 2];
+    CHECK(usage["choices"].empty());
+    CHECK(usage["usage"]["completion_tokens"] == 8);
+    const json& last = events[events.size() - 3];
+    CHECK(last["choices"][0]["finish_reason"] == "length");
+    std::string text;
+    for (std::size_t i = 0; i + 3 < events.size(); ++i) {
+      text += events[i]["choices"][0]["delta"].value("content", "");
+    }
+    CHECK(text == ref->generate_xml(docs_prompt(0), greedy(8)).text);
+  }
+  SECTION("completions") {
+    const json r =
+        post_json(s, "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 6}});
+    CHECK(r["object"] == "text_completion");
+    CHECK(r["choices"][0].contains("text"));
+    CHECK(r["usage"]["completion_tokens"] == 6);
+    Posted streamed =
+        post(s, "/v1/completions",
+             json{{"prompt", "Once upon a time"}, {"max_tokens", 6}, {"stream", true}}.dump());
+    const auto events = sse_events(streamed.body);
+    std::string text;
+    for (const json& e : events) {
+      if (e.is_object()) text += e["choices"][0]["text"].get<std::string>();
+    }
+    CHECK(text == r["choices"][0]["text"]);
+    CHECK(events.back() == "[DONE]");
+  }
+  SECTION("models") {
+    CHECK(get_json(s, "/v1/models")["data"][0]["object"] == "model");
+  }
+}
+
+TEST_CASE("serve: bad requests get 4xx JSON errors naming the problem", "[server]") {
+  TestServer s;
+  post_schema(s, docs_schema());
+  const auto error_of = [&](const std::string& path, const std::string& body, int status,
+                            const std::string& content_type = "application/json") {
+    Posted r = post(s, path, body, {}, {}, content_type);
+    INFO(path << " " << body << " -> " << r.body);
+    CHECK(r.status == status);
+    json j = json::parse(r.body);
+    REQUIRE(j.contains("error"));
+    return j["error"];
+  };
+  CHECK(error_of("/v1/prompt", "{not json", 400)["message"].get<std::string>().find(
+            "not valid JSON") != std::string::npos);
+  CHECK(error_of("/v1/prompt", R"({"prompt": 3})", 400)["message"].get<std::string>().find(
+            "'prompt' must be a PML prompt") != std::string::npos);
+  CHECK(error_of("/v1/prompt", R"({"prompt": "<prompt schema=\"docs\"/>", "temprature": 1})",
+                 400)["message"]
+            .get<std::string>()
+            .find("unknown field 'temprature'") != std::string::npos);
+  CHECK(error_of("/v1/prompt", R"({"prompt": "<prompt schema=\"docs\"/>", "temperature": -1})",
+                 400)["message"]
+            .get<std::string>()
+            .find("'temperature' must be a number from 0") != std::string::npos);
+  // PML errors keep their file, line, column and element.
+  const json unknown = error_of(
+      "/v1/prompt", json{{"prompt", "<prompt schema=\"docs\">\n  <d9/>\n</prompt>"}}.dump(), 400);
+  CHECK(unknown["kind"] == "unknown module");
+  CHECK(unknown["file"] == "<prompt>");
+  CHECK(unknown["line"] == 2);
+  CHECK(unknown["element"] == "<d9>");
+  CHECK(unknown["detail"].get<std::string>().find("has no module 'd9'") != std::string::npos);
+  const json syntax = error_of("/v1/schemas", "<schema name=\"x\">\n<module name=\"a\">hi</modul>",
+                               400, "application/xml");
+  CHECK(syntax["kind"] == "xml syntax");
+  CHECK(syntax["line"] == 2);
+  const json src = error_of("/v1/schemas",
+                            "<schema name=\"x\"><module name=\"a\" src=\"/etc/passwd\"/></schema>",
+                            400, "application/xml");
+  CHECK(src["message"].get<std::string>().find("src files are not read") != std::string::npos);
+  CHECK(error_of("/v1/chat/completions", R"({"messages": []})", 400)["message"]
+            .get<std::string>()
+            .find("'messages' must be a non-empty list") != std::string::npos);
+  CHECK(error_of("/v1/chat/completions", R"({"messages": [{"role": "tool", "content": "x"}]})",
+                 400)["message"]
+            .get<std::string>()
+            .find("messages[0].role 'tool' is not supported") != std::string::npos);
+  const json module = error_of(
+      "/v1/chat/completions",
+      R"({"messages": [{"role": "user", "content": "x"}], "promptcache": {"schema": "docs", "modules": ["d1", "zz"]}})",
+      400);
+  CHECK(module["kind"] == "unknown module");
+  CHECK(module["element"] == "promptcache.modules[1]");
+  CHECK(
+      error_of(
+          "/v1/chat/completions",
+          R"({"messages": [{"role": "user", "content": "x"}], "promptcache": {"schema": "nope"}})",
+          404)["kind"] == "unknown schema");
+  // A prompt longer than the model's context.
+  std::string words;
+  for (int i = 0; i < 3000; ++i) words += "cat ";
+  CHECK(error_of("/v1/completions", json{{"prompt", words}}.dump(), 400)["kind"] ==
+        "context overflow");
+  auto missing = s.client().Get("/v1/nothing");
+  REQUIRE(missing);
+  CHECK(missing->status == 404);
+  // The server still answers after all of these.
+  CHECK(post_json(s, "/v1/prompt", {{"prompt", docs_prompt(1)}, {"max_new_tokens", 2}})["token_ids"]
+            .size() == 2);
+  CHECK(metric(s, "promptcache_requests_total{endpoint=\"/v1/prompt\",code=\"400\"}") == 5);
+}
+
+TEST_CASE("serve: with an API key every endpoint but /health wants it", "[server]") {
+  server::ServerOptions options;
+  options.api_key = "s3cret";
+  TestServer s(options);
+  httplib::Client c = s.client();
+  auto health = c.Get("/health");
+  REQUIRE(health);
+  CHECK(health->status == 200);
+  for (const char* path : {"/", "/metrics", "/v1/schemas", "/v1/models"}) {
+    auto r = c.Get(path);
+    REQUIRE(r);
+    INFO(path);
+    CHECK(r->status == 401);
+    CHECK(json::parse(r->body)["error"]["type"] == "authentication_error");
+  }
+  Posted refused = post(s, "/v1/schemas", docs_schema(), {}, {}, "application/xml");
+  CHECK(refused.status == 401);
+  Posted wrong = post(s, "/v1/schemas", docs_schema(), {}, {{"Authorization", "Bearer nope"}},
+                      "application/xml");
+  CHECK(wrong.status == 401);
+  Posted ok = post(s, "/v1/schemas", docs_schema(), {}, {{"Authorization", "Bearer s3cret"}},
+                   "application/xml");
+  CHECK(ok.status == 200);
+  c.set_bearer_token_auth("s3cret");
+  auto list = c.Get("/v1/schemas");
+  REQUIRE(list);
+  CHECK(list->status == 200);
+  auto page = s.client().Get("/?api_key=s3cret");
+  REQUIRE(page);
+  CHECK(page->status == 200);
+}
+
+TEST_CASE("serve: /metrics counts requests, tokens, TTFT and batch sizes", "[server]") {
+  TestServer s;
+  post_schema(s, docs_schema());
+  const json r = post_json(s, "/v1/prompt", {{"prompt", docs_prompt(2)}, {"max_new_tokens", 5}});
+  auto res = s.client().Get("/metrics");
+  REQUIRE(res);
+  CHECK(res->get_header_value("Content-Type").rfind("text/plain", 0) == 0);
+  CHECK(metric(s, "promptcache_requests_total{endpoint=\"/v1/prompt\",code=\"200\"}") == 1);
+  CHECK(metric(s, "promptcache_requests_total{endpoint=\"/v1/schemas\",code=\"200\"}") == 1);
+  CHECK(metric(s, "promptcache_ttft_seconds_count") == 1);
+  CHECK(metric(s, "promptcache_ttft_seconds_bucket{le=\"+Inf\"}") == 1);
+  CHECK(metric(s, "promptcache_prompt_tokens_total{source=\"cached\"}") == r["tokens"]["cached"]);
+  CHECK(metric(s, "promptcache_prompt_tokens_total{source=\"fresh\"}") == r["tokens"]["fresh"]);
+  CHECK(metric(s, "promptcache_generated_tokens_total") == 5);
+  CHECK(metric(s, "promptcache_batch_size_count") == 1);
+  CHECK(metric(s, "promptcache_schemas") == 1);
+  CHECK(metric(s, "promptcache_store_bytes") > 0);
+}
+
+TEST_CASE("serve: the playground page is served at /", "[server]") {
+  TestServer s;
+  auto page = s.client().Get("/");
+  REQUIRE(page);
+  CHECK(page->status == 200);
+  CHECK(page->get_header_value("Content-Type").rfind("text/html", 0) == 0);
+  CHECK(page->body.find("<html") != std::string::npos);
+  CHECK(page->body.find("/v1/schemas") != std::string::npos);
+  CHECK(page->body.find("http://") == std::string::npos);  // nothing fetched from elsewhere
+  CHECK(page->body.find("https://") == std::string::npos);
+}
