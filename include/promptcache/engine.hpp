@@ -60,9 +60,9 @@ struct RequestOptions {
   // steps may remain), they are dropped, moving the other rows' states down in place; false
   // keeps every row to the end (for comparison: bench_batch --uneven 1).
   bool drop_finished_rows = true;
-  // Leave module states in the store, read there by the attention, where it can (f32 on the CPU
-  // with the fused kernel; AssembleOptions::in_place); false copies them into the buffer (for
-  // comparison: bench_ttft's copied_* columns). Single prompts only; a batch always copies.
+  // Leave module states in the store, read there by the attention, where it can (CPU, f32 compute,
+  // fused kernel, states f32/bf16/f16; AssembleOptions::in_place); false copies them into the
+  // buffer (for comparison: bench_ttft's copied_* columns). Single prompts only; a batch copies.
   bool in_place = true;
   // The share r in [0, 1] of the cached tokens whose states are recomputed in the prompt's full
   // context, chosen by recompute_criterion (promptcache/recompute.hpp, docs/fidelity.md): 0 is
