@@ -16,7 +16,7 @@ Command register_serve(CLI::App& root) {
     ModelOptions model;
     EngineFlags engine;
     std::vector<std::string> schemas;
-    std::string cache_dir, host = "127.0.0.1", api_key;
+    std::string host = "127.0.0.1", api_key;
     int port = 8080, max_batch = 16, http_threads = 64;
   };
   auto o = std::make_shared<Options>();
@@ -32,9 +32,6 @@ Command register_serve(CLI::App& root) {
   app->add_option("--schema,-s", o->schemas,
                   "schema XML file to compile before serving (repeatable)")
       ->check(CLI::ExistingFile);
-  app->add_option("--cache-dir", o->cache_dir,
-                  "folder for compiled states (NAME.states): loaded when they match, else "
-                  "compiled and saved there");
   app->add_option("--host", o->host, "address to listen on")->capture_default_str();
   app->add_option("--port,-p", o->port, "port to listen on (0: any free port)")
       ->capture_default_str()
@@ -59,7 +56,7 @@ Command register_serve(CLI::App& root) {
             options.max_batch = o->max_batch;
             options.http_threads = o->http_threads;
             options.api_key = o->api_key;
-            options.cache_dir = o->cache_dir;
+            options.cache_dir = o->engine.cache_dir;  // --cache-dir (add_engine_flags)
             options.model_name =
                 std::filesystem::path(o->model.model_dir).lexically_normal().filename().string();
             if (options.model_name.empty()) options.model_name = "promptcache";
