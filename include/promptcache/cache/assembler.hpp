@@ -59,8 +59,8 @@ struct AssembleOptions {
   // blocks at the same slots, see KVCache::sources) rather than filling them again.
   bool reuse = true;
   // Leave the spans in the store's blocks where the cache's attention reads them in place (f32,
-  // bf16 or f16 on the CPU with the fused kernel, cpu_attention_takes): nothing is copied. false, or
-  // anywhere else, copies every span into the cache.
+  // bf16 or f16 on the CPU with the fused kernel, cpu_attention_takes): nothing is copied. false,
+  // or anywhere else, copies every span into the cache.
   bool in_place = true;
 };
 
