@@ -45,23 +45,11 @@ int main(int argc, char** argv) {
   SamplingParams one;
   one.max_new_tokens = 1;
   for (int tokens : schema_sizes) {
-    std::size_t from = 0;  // each module continues the corpus where the one before stopped
     const std::string name = "docs" + std::to_string(tokens);
-    std::ostringstream xml, refs;
-    xml << "<schema name=\"" << name << "\">";
-    int remaining = tokens - 1, modules = 0;
-    while (remaining > 0) {
-      const int n = std::min(128, remaining);
-      xml << "<module name=\"d" << modules << "\">"
-          << bench::text_of_tokens(engine.tokenizer(), words, from, n) << "</module>";
-      refs << "<d" << modules << "/>";
-      remaining -= n;
-      ++modules;
-    }
-    xml << "</schema>";
-    const auto schema = pml::parse_schema_string(xml.str());
+    const auto [xml, refs] = bench::document_schema(engine.tokenizer(), words, name, tokens, 0);
+    const auto schema = pml::parse_schema_string(xml);
     std::size_t qfrom = 7;
-    const std::string prompt = "<prompt schema=\"" + name + "\">" + refs.str() +
+    const std::string prompt = "<prompt schema=\"" + name + "\">" + refs +
                                bench::text_of_tokens(engine.tokenizer(), words, qfrom, 16) +
                                "</prompt>";
     const std::string file = (dir / (name + ".states")).string();

@@ -6,6 +6,7 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 
 #include "bench_common.hpp"
@@ -34,6 +35,28 @@ inline std::unique_ptr<Engine> synthetic_engine(const std::string& program,
   return std::make_unique<Engine>(
       LlamaModel::from_tensors(config, random_llama_weights(config, 1, 0.02), options.load),
       bench_tokenizer(), options);
+}
+
+// A document-QA schema `name` of `tokens` tokens: BOS + modules of 128 tokens of the corpus
+// from word `from` on (the last one shortened so the total is exact). Returns the schema's XML
+// and the prompt's module references (<d0/><d1/>...).
+inline std::pair<std::string, std::string> document_schema(const Tokenizer& tokenizer,
+                                                           const std::vector<std::string>& words,
+                                                           const std::string& name, int tokens,
+                                                           std::size_t from) {
+  std::ostringstream xml, refs;
+  xml << "<schema name=\"" << name << "\">";
+  int remaining = tokens - 1, modules = 0;
+  while (remaining > 0) {
+    const int n = std::min(128, remaining);
+    xml << "<module name=\"d" << modules << "\">" << text_of_tokens(tokenizer, words, from, n)
+        << "</module>";
+    refs << "<d" << modules << "/>";
+    remaining -= n;
+    ++modules;
+  }
+  xml << "</schema>";
+  return {xml.str(), refs.str()};
 }
 
 // What a result line records about the run: attention, LibTorch version, device, dtype, the

@@ -77,25 +77,8 @@ int main(int argc, char** argv) {
       "bench_ttft", shape, device, dtype, flags.text("weights", ""), flags.text("kv-dtype", ""));
   Engine& engine = *engine_owner;
   const auto words = bench::corpus_words();
-  const int module_tokens = 128;
-
-  // A document-QA schema `name` of `tokens` tokens: BOS + modules of 128 tokens of the corpus
-  // from word `from` on (the last one shortened so the total is exact). Returns the schema and
-  // the prompt's module references.
   auto make_schema = [&](const std::string& name, int tokens, std::size_t from) {
-    std::ostringstream xml, refs;
-    xml << "<schema name=\"" << name << "\">";
-    int remaining = tokens - 1, modules = 0;
-    while (remaining > 0) {
-      const int n = std::min(module_tokens, remaining);
-      xml << "<module name=\"d" << modules << "\">"
-          << bench::text_of_tokens(engine.tokenizer(), words, from, n) << "</module>";
-      refs << "<d" << modules << "/>";
-      remaining -= n;
-      ++modules;
-    }
-    xml << "</schema>";
-    return std::pair<std::string, std::string>{xml.str(), refs.str()};
+    return bench::document_schema(engine.tokenizer(), words, name, tokens, from);
   };
 
   for (int schema_tokens : schema_sizes) {
