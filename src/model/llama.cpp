@@ -80,7 +80,7 @@ torch::Tensor inverse_frequencies(const ModelConfig& c) {
 // to fused (flash / memory-efficient) kernels on CUDA. On the CPU the blocked attention and the
 // fused few-query kernel are faster: with LibTorch 2.6 on bench-small, SDPA made a 2048-token
 // prefill 1.3-1.5x and a cached 2048 + 16 request 1.3-3.6x slower in three runs
-// (docs/benchmarks.md).
+// (docs/benchmarks-history.md).
 bool resolve_sdpa(AttentionImpl impl, const torch::Device& device, const std::string& origin) {
   if (impl == AttentionImpl::kAuto) {
     const char* env = std::getenv("PROMPTCACHE_ATTENTION");
@@ -389,7 +389,7 @@ torch::Tensor attend_split_heads(const torch::Tensor& qg, const torch::Tensor& k
 // may see: a few fresh tokens are one block; a prefill, a module compile or a long question take
 // several. Against the blocked attention (OpenBLAS GEMMs with single-threaded mask and softmax
 // passes between them), 1024- and 2048-token prefills of bench-small ran 15-20% faster and a
-// 100-token question over 2048 slots 1.5x faster (docs/benchmarks.md).
+// 100-token question over 2048 slots 1.5x faster (docs/benchmarks-history.md).
 constexpr int64_t kFusedBlockTokens = 64;
 
 torch::Tensor attend_fused_blocks(const torch::Tensor& q, const std::vector<KVSegment>& slots,

@@ -5,7 +5,8 @@
 // weight matrix. A general GEMM packs each weight matrix on every such call and reads it about
 // twice; the kernels here stream each weight row once and reuse it from L1 for all the rows of
 // x, which takes the weight GEMMs of a 16-token forward and of a decode step to about half the
-// time (docs/benchmarks.md). Larger inputs, other dtypes and other devices go to torch::linear.
+// time (docs/benchmarks-history.md). Larger inputs, other dtypes and other devices go to
+// torch::linear.
 #pragma once
 
 #include <torch/types.h>
@@ -28,8 +29,8 @@ enum class CpuLinearKernel {
 // pthreads (linears) with the OpenMP threads of the fused attention, whose spinning took both
 // cores from OpenBLAS; bench-small prefill fell from 442 tok/s at 64 tokens to 296-328 at
 // 96-128 (medians worse). At 256 every size runs at 421-458 tok/s (128 tokens: 289 ms against
-// 390), decode unchanged (bench_prefill, docs/benchmarks.md). OMP_WAIT_POLICY=passive removed
-// the cliff as well but cost decoding a third of its speed.
+// 390), decode unchanged (bench_prefill, docs/benchmarks-history.md). OMP_WAIT_POLICY=passive
+// removed the cliff as well but cost decoding a third of its speed.
 constexpr int64_t kCpuLinearMaxRows = 256;
 // Rows of x up to which Q8 weights meet x quantized to 8 bits (see linear_layer). Past 4 rows
 // each row's integer pass costs what the first did, while dequantized weight rows serve every

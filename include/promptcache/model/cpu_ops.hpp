@@ -7,7 +7,7 @@
 // and the copies into the cache), each of which costs some microseconds of dispatch and
 // allocation for a few kilobytes of work. Here each step is one pass over the rows: on
 // bench-small, the time of a 16-token forward outside its linear layers, lm_head and attention
-// went from 5.3 to 3.3 ms (of 34 ms), at 64 tokens from 9.7 to 7.2 ms (docs/benchmarks.md).
+// went from 5.3 to 3.3 ms (of 34 ms), at 64 tokens from 9.7 to 7.2 ms (docs/benchmarks-history.md).
 // LlamaModel takes these for f32 inputs of up to kCpuLinearMaxRows rows while the small-row kernels
 // are on (the same rule as linear_layer); longer inputs keep the library operators, whose dispatch
 // is small next to their work.

@@ -22,11 +22,11 @@
 namespace promptcache {
 
 // How attention is computed. kAuto: LibTorch 2.x's fused scaled_dot_product_attention on GPUs,
-// the library's own attention on the CPU, where it was measured faster (docs/benchmarks.md):
-// the fused kernel of cpu_attention.hpp (long inputs in blocks of 64 query tokens), or query
-// blocks of library GEMMs where that kernel does not apply (both are "blocked" below). With kAuto
-// the environment variable PROMPTCACHE_ATTENTION=sdpa|blocked|auto decides instead, for
-// comparisons.
+// the library's own attention on the CPU, where it was measured faster
+// (docs/benchmarks-history.md): the fused kernel of cpu_attention.hpp (long inputs in blocks of 64
+// query tokens), or query blocks of library GEMMs where that kernel does not apply (both are
+// "blocked" below). With kAuto the environment variable PROMPTCACHE_ATTENTION=sdpa|blocked|auto
+// decides instead, for comparisons.
 enum class AttentionImpl { kAuto, kSdpa, kBlocked };
 
 struct LoadOptions {

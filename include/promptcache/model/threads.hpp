@@ -1,7 +1,7 @@
 // promptcache/model/threads.hpp — CPU thread settings for LibTorch and its BLAS.
 //
 // LibTorch's OpenMP pool and OpenBLAS's own pthread pool oversubscribe the cores when both run
-// at full width, so the defaults split them (see docs/benchmarks.md for the measurements).
+// at full width, so the defaults split them (see docs/benchmarks-history.md for the measurements).
 #pragma once
 
 namespace promptcache {

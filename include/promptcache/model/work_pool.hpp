@@ -11,7 +11,7 @@
 // else. Measured on the 2-core host beside two busy processes (default threads, 64 new tokens):
 // bench-small bf16 decode 1.5 tok/s with OpenMP teams, 22 with the pool (18 with one thread);
 // stories260K 72 and 889 (945 with one thread). Idle, both decode at the same speed (bench-small
-// bf16 91-92 tok/s, stories260K 2560-2700 tok/s; docs/benchmarks.md).
+// bf16 91-92 tok/s, stories260K 2560-2700 tok/s; docs/benchmarks-history.md).
 #pragma once
 
 #include <cstdint>

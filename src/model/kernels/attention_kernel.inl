@@ -11,7 +11,7 @@
 // with V read them from there, and the threads work on different heads at once. The query rows
 // run along the vector lanes (lane_rows below): on bench-small, 16 tokens over 2064 slots, the
 // attention of all 12 layers takes ~5.5 ms on two AVX-512 threads, where library calls took
-// ~20 ms and key tiles transposed in registers ~8 ms (docs/benchmarks.md).
+// ~20 ms and key tiles transposed in registers ~8 ms (docs/benchmarks-history.md).
 
 namespace {
 

@@ -11,7 +11,7 @@ namespace promptcache::kernels {
 // more run along the vector lanes (x transposed into the scratch). Up to 12 rows the weight-row
 // blocks take at most two passes of 6 tokens (AVX-512) and are as fast or faster; from 13 on the
 // lanes are (16 tokens: 14.7-15.2 against 18.5-18.8 ms for bench-small's 12 layers,
-// docs/benchmarks.md).
+// docs/benchmarks-history.md).
 // The weights may also be bf16 or f16 (W below), converted to f32 as they are loaded; x, the
 // sums and out stay f32, so the result is the f32 product with the converted weights. With f16
 // weights the scratch is used from 2 rows on (rows converted once for several passes).

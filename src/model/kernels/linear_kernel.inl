@@ -348,7 +348,7 @@ inline void linear_block_tail(int tokens, const float* x, Index k, const W* w, i
 // weight element is broadcast against a vector of tokens: no sums across lanes at the end, and
 // every weight row is still read once per block of J rows. With 16 tokens (a question) the
 // 12 layers' linears of bench-small take 14.7-15.2 ms against 18.5-18.8 with the blocks above,
-// with 64 tokens 44-49 against 57 ms (docs/benchmarks.md).
+// with 64 tokens 44-49 against 57 ms (docs/benchmarks-history.md).
 
 // The lines a block of rows reads next are asked for one row per step, staggered (row r at steps
 // r, r + kWidth, ...), never all at once: every row crosses into a new line at the same step, and
