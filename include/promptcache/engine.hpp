@@ -19,7 +19,7 @@
 // wait for a compile. The references layout(), compile_report() and add_schema*() return stay
 // valid until that schema is added again or the engine is destroyed; store() is for inspection
 // while no add_schema runs. Process-wide settings (configure_threads, set_kernel_threads) are
-// made before serving, not per request.
+// made before serving, not per request. remove_schema, like add_schema, may run beside requests.
 #pragma once
 
 #include <functional>
@@ -127,6 +127,12 @@ class Engine {
   // when it cannot fit; `promptcache layout` lays out without that limit and warns instead).
   pml::Layout layout_only(const pml::Schema& schema) const;
 
+  // Unloads a schema: prompts naming it get Error(kUnknownSchema) from now on, and its states
+  // are freed once no request holds them (requests running on it keep them until they return).
+  // False when no schema of that name is loaded. The layout() and compile_report() references
+  // of it are invalid afterwards.
+  bool remove_schema(const std::string& name);
+
   bool has_schema(const std::string& name) const;
   const pml::Layout& layout(const std::string& schema) const;
   const CompileReport& compile_report(const std::string& schema) const;
@@ -188,6 +194,8 @@ class Engine {
   const EngineOptions& options() const { return options_; }
 
  private:
+  // Continuous batching (batch_session.hpp) resolves and prefills against an entry it holds.
+  friend class BatchSession;
   // A loaded schema: never changed once published. A request holds the entry it resolved
   // against (shared_ptr) until it returns, so its layout and states outlive a replacement.
   struct SchemaEntry {
@@ -202,6 +210,8 @@ class Engine {
   EntryPtr entry_for(const pml::Prompt& prompt) const;
   // Makes `entry` the schema's (replacing any), with its states in store_ too.
   void publish(const std::string& name, EntryPtr entry);
+  // Empties the free KV buffers that hold states of the schema (replaced or removed).
+  void forget_buffers_of(const std::string& name);
 
   // A KV buffer taken from the pool for one request and given back when it ends (see "The KV
   // buffer pool" in engine.cpp: which buffer a prompt gets, what it keeps).

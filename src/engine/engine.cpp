@@ -143,6 +143,24 @@ void Engine::publish(const std::string& name, EntryPtr entry) {
     old = std::move(slot);
     slot = std::move(entry);
   }
+  forget_buffers_of(name);
+}
+
+bool Engine::remove_schema(const std::string& name) {
+  EntryPtr old;  // released after the lock, as in publish
+  {
+    std::unique_lock<std::shared_mutex> lock(schemas_mutex_);
+    auto it = schemas_.find(name);
+    if (it == schemas_.end()) return false;
+    old = std::move(it->second);
+    schemas_.erase(it);
+    store_.erase_schema(name);
+  }
+  forget_buffers_of(name);
+  return true;
+}
+
+void Engine::forget_buffers_of(const std::string& name) {
   // A free KV buffer that still holds the old version's states could never reuse them (their
   // block ids are gone), and one that refers to them in place would keep them in memory: it is
   // emptied. Buffers in use now are emptied when they come back (give_back).

@@ -59,8 +59,11 @@ KVCache::KVCache(const KVCacheShape& shape, torch::TensorOptions options)
 void KVCache::allocate(int64_t capacity) {
   // One buffer for all layers, K and V: [layers, 2, batch, kv_heads, capacity, head_dim]. The
   // per-layer K/V tensors are views of it, and all_slots() copies a whole span in one call.
-  all_ = torch::empty({shape_.layers, 2, shape_.batch, shape_.kv_heads, capacity, shape_.head_dim},
-                      options_);
+  // Rows keep_rows dropped stay allocated, for add_rows to take back.
+  const int64_t rows = std::max(shape_.batch, rows_all_.defined() ? rows_all_.size(2) : 0);
+  rows_all_ =
+      torch::empty({shape_.layers, 2, rows, shape_.kv_heads, capacity, shape_.head_dim}, options_);
+  all_ = rows_all_.narrow(2, 0, shape_.batch);
   k_.clear();
   v_.clear();
   for (int64_t l = 0; l < shape_.layers; ++l) {
@@ -244,6 +247,14 @@ void KVCache::set_row_positions(int64_t row, int64_t begin, const std::vector<in
                 "KV cache set_row_positions outside the filled slots of its rows");
   }
   if (row == 0) {
+    // Rows that follow row 0's positions keep the ones they have.
+    if (shape_.batch > 1 &&
+        !std::equal(positions.begin(), positions.end(), positions_.begin() + begin)) {
+      row_positions_.resize(static_cast<std::size_t>(shape_.batch));
+      for (std::size_t r = 1; r < row_positions_.size(); ++r) {
+        if (row_positions_[r].empty()) row_positions_[r] = positions_;
+      }
+    }
     std::copy(positions.begin(), positions.end(), positions_.begin() + begin);
     max_position_ =
         positions_.empty() ? -1 : *std::max_element(positions_.begin(), positions_.end());
@@ -330,6 +341,47 @@ void KVCache::keep_rows(const std::vector<int64_t>& rows) {
   for (int64_t l = 0; l < shape_.layers; ++l) {
     k_[l] = all_[l][0];
     v_[l] = all_[l][1];
+  }
+}
+
+void KVCache::add_rows(int64_t n) {
+  if (n <= 0 || !rows_all_.defined()) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "KV cache add_rows: n must be positive and the cache allocated");
+  }
+  const int64_t old_rows = shape_.batch;
+  shape_.batch += n;
+  if (shape_.batch <= rows_all_.size(2)) {
+    all_ = rows_all_.narrow(2, 0, shape_.batch);
+    for (int64_t l = 0; l < shape_.layers; ++l) {
+      k_[l] = all_[l][0];
+      v_[l] = all_[l][1];
+    }
+  } else {
+    // Twice the rows allocated before, so a batch growing row by row copies its states rarely.
+    const torch::Tensor old = all_;
+    const int64_t wanted = shape_.batch;
+    shape_.batch = std::max(wanted, 2 * rows_all_.size(2));
+    allocate(shape_.capacity);
+    shape_.batch = wanted;
+    all_ = rows_all_.narrow(2, 0, shape_.batch);
+    for (int64_t l = 0; l < shape_.layers; ++l) {
+      k_[l] = all_[l][0];
+      v_[l] = all_[l][1];
+    }
+    for (const SlotRun& run : slot_runs(length_)) {
+      if (run.held != nullptr) continue;
+      all_.narrow(2, 0, old_rows)
+          .narrow(4, run.begin, run.count)
+          .copy_(old.narrow(4, run.begin, run.count));
+    }
+  }
+  if (length_ > 0) {
+    // Existing rows that follow row 0 keep doing so (an empty entry); the new rows hold nothing.
+    row_positions_.resize(static_cast<std::size_t>(shape_.batch));
+    for (int64_t r = old_rows; r < shape_.batch; ++r) {
+      row_positions_[static_cast<std::size_t>(r)].assign(static_cast<std::size_t>(length_), -1);
+    }
   }
 }
 

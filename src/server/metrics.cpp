@@ -60,6 +60,11 @@ void Metrics::count_cancelled() {
   ++cancelled_;
 }
 
+void Metrics::count_join() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++joins_;
+}
+
 std::string Metrics::render(const Gauges& gauges) const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::string out =
@@ -72,7 +77,13 @@ std::string Metrics::render(const Gauges& gauges) const {
   out += ttft_seconds_.render("promptcache_ttft_seconds",
                               "Arrival of a generation request to its first token.");
   out += batch_size_.render("promptcache_batch_size",
-                            "Requests the scheduler ran together in one engine call.");
+                            "Most requests decoding together while a request ran.");
+  out += fmt::format(
+      "# HELP promptcache_batch_joins_total Prompt requests admitted into a batch that was "
+      "already decoding.\n"
+      "# TYPE promptcache_batch_joins_total counter\n"
+      "promptcache_batch_joins_total {}\n",
+      joins_);
   out += fmt::format(
       "# HELP promptcache_prompt_tokens_total Prompt tokens served from stored states (cached) "
       "or run through the model (fresh).\n"

@@ -40,6 +40,8 @@ class Metrics {
   void observe_batch(int size);
   void add_tokens(int64_t cached, int64_t fresh, int64_t generated);
   void count_cancelled();
+  // A prompt request admitted into a batch that was already decoding (continuous batching).
+  void count_join();
   std::string render(const Gauges& gauges) const;
 
  private:
@@ -49,6 +51,7 @@ class Metrics {
   Histogram batch_size_;
   int64_t cached_tokens_ = 0, fresh_tokens_ = 0, generated_tokens_ = 0;
   uint64_t cancelled_ = 0;
+  uint64_t joins_ = 0;
 };
 
 // The label a request path is counted under: /v1/schemas/NAME counts as /v1/schemas/{name}, and

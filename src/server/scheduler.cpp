@@ -11,18 +11,19 @@ using nlohmann::json;
 
 namespace {
 
-bool same_sampling(const SamplingParams& a, const SamplingParams& b) {
-  return a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p &&
-         a.repetition_penalty == b.repetition_penalty && a.seed == b.seed &&
-         a.max_new_tokens == b.max_new_tokens && a.stop_token_ids == b.stop_token_ids &&
-         a.stop_strings == b.stop_strings && a.stop_at_eos == b.stop_at_eos;
-}
-
 Event error_event(const Error& e) {
   Event ev;
   ev.type = Event::Type::kError;
   ev.status = error_status(e);
   ev.body = error_json(e);
+  return ev;
+}
+
+Event shutting_down_event() {
+  Event ev;
+  ev.type = Event::Type::kError;
+  ev.status = 503;
+  ev.body = error_json("the server is shutting down", "server_error");
   return ev;
 }
 
@@ -41,7 +42,8 @@ Scheduler::Scheduler(Engine& engine, Metrics& metrics, int max_batch, std::strin
       metrics_(metrics),
       max_batch_(std::max(1, max_batch)),
       cache_dir_(std::move(cache_dir)),
-      plain_(engine) {}
+      plain_(engine),
+      batch_(std::make_unique<BatchSession>(engine, BatchSessionOptions{max_batch_, 0})) {}
 
 Scheduler::~Scheduler() {
   stop();
@@ -79,11 +81,7 @@ void Scheduler::stop() {
   }
   wake_.notify_all();
   for (const JobPtr& job : refused) {
-    Event ev;
-    ev.type = Event::Type::kError;
-    ev.status = 503;
-    ev.body = error_json("the server is shutting down", "server_error");
-    job->channel.push(std::move(ev));
+    job->channel.push(shutting_down_event());
   }
   if (thread_.joinable()) thread_.join();
 }
@@ -97,11 +95,7 @@ void Scheduler::submit(JobPtr job) {
     }
   }
   if (job) {
-    Event ev;
-    ev.type = Event::Type::kError;
-    ev.status = 503;
-    ev.body = error_json("the server is shutting down", "server_error");
-    job->channel.push(std::move(ev));
+    job->channel.push(shutting_down_event());
     return;
   }
   wake_.notify_one();
@@ -133,49 +127,81 @@ Gauges Scheduler::gauges() const {
 
 void Scheduler::loop() {
   for (;;) {
-    std::vector<JobPtr> batch;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (stopping_) return;
-      batch.push_back(queue_.front());
-      queue_.pop_front();
-      const Job& first = *batch.front();
-      // Every prompt request already waiting with the same sampling joins this run.
-      if (first.kind == Job::Kind::kPrompt) {
-        for (auto it = queue_.begin();
-             it != queue_.end() && static_cast<int>(batch.size()) < max_batch_;) {
-          const Job& j = **it;
-          if (j.kind == Job::Kind::kPrompt && j.use_cache == first.use_cache &&
-              same_sampling(j.params, first.params)) {
-            batch.push_back(*it);
-            it = queue_.erase(it);
-          } else {
-            ++it;
-          }
+      if (batch_->empty()) wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_ && batch_->empty()) return;
+    }
+    // Every prompt at the front of the queue that the batch has room for joins it now (before the
+    // next decode step).
+    for (;;) {
+      JobPtr job;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (stopping_ || queue_.empty()) break;
+        const Job::Kind kind = queue_.front()->kind;
+        if (kind != Job::Kind::kPrompt && kind != Job::Kind::kDelete) break;
+        job = queue_.front();
+        queue_.pop_front();
+      }
+      bool admitted = true;
+      try {
+        // A delete is quick and safe beside running requests (they keep the schema's states).
+        if (job->kind == Job::Kind::kDelete) {
+          run_delete(*job);
+          continue;
+        }
+        admitted = admit(job);
+      } catch (const std::exception& e) {
+        job->channel.push(internal_error_event(e));  // a bug or no memory
+      }
+      if (!admitted) {  // no room until rows finish: it stays first in line
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!stopping_) {
+          queue_.push_front(std::move(job));
+          break;
         }
       }
-    }
-    Job& first = *batch.front();
-    try {
-      switch (first.kind) {
-        case Job::Kind::kPrompt:
-          run_prompts(batch);
-          break;
-        case Job::Kind::kPlain:
-          run_plain(first);
-          break;
-        case Job::Kind::kCompile:
-          run_compile(first);
-          break;
-        case Job::Kind::kDelete:
-          run_delete(first);
-          break;
+      if (!admitted) {
+        job->channel.push(shutting_down_event());
+        break;
       }
+    }
+    if (!batch_->empty()) {
+      step();
+      continue;
+    }
+    // The batch has drained: the job at the front (not a prompt) runs alone.
+    JobPtr job;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stopping_) return;
+      if (queue_.empty() || queue_.front()->kind == Job::Kind::kPrompt) continue;
+      job = queue_.front();
+      queue_.pop_front();
+    }
+    try {
+      run_job(*job);
     } catch (const std::exception& e) {
       // run_* report their own errors; this is what escaped them (a bug or no memory).
-      for (const JobPtr& job : batch) job->channel.push(internal_error_event(e));
+      job->channel.push(internal_error_event(e));
     }
+  }
+}
+
+void Scheduler::run_job(Job& job) {
+  switch (job.kind) {
+    case Job::Kind::kPlain:
+      run_plain(job);
+      break;
+    case Job::Kind::kCompile:
+      run_compile(job);
+      break;
+    case Job::Kind::kDelete:
+      run_delete(job);
+      break;
+    case Job::Kind::kPrompt:
+      break;  // admitted into the batch instead
   }
 }
 
@@ -208,31 +234,16 @@ void Scheduler::finish(Job& job, Response r, int batch_size, double run_start) {
   job.channel.push(std::move(ev));
 }
 
-void Scheduler::run_prompts(const std::vector<JobPtr>& jobs) {
-  const double run_start = now_ms();
-  const int64_t limit = engine_.model().config().max_position_embeddings;
-  // Each prompt is checked on its own first, so one bad request does not fail the others.
-  std::vector<JobPtr> valid;
-  for (const JobPtr& job : jobs) {
-    if (job->cancelled.load()) {
-      metrics_.count_cancelled();
-      continue;
-    }
-    try {
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (!schemas_.count(job->prompt.schema)) {
-          std::string loaded;
-          for (const auto& [name, _] : schemas_)
-            loaded += (loaded.empty() ? "'" : ", '") + name + "'";
-          throw Error(ErrorKind::kUnknownSchema,
-                      "prompt uses schema '" + job->prompt.schema +
-                          "' which is not loaded (loaded: " + (loaded.empty() ? "none" : loaded) +
-                          ")",
-                      job->prompt.where);
-        }
-      }
+bool Scheduler::admit(const JobPtr& job) {
+  if (job->cancelled.load()) {
+    metrics_.count_cancelled();
+    return true;
+  }
+  try {
+    if (!job->accepted) {
+      // Checked before the first token can stream, so a bad request gets its error first.
       const pml::ResolvedPrompt resolved = engine_.resolve(job->prompt);
+      const int64_t limit = engine_.model().config().max_position_embeddings;
       const std::size_t needed =
           job->use_cache ? resolved.next_position() : resolved.baseline.size();
       if (static_cast<int64_t>(needed) > limit) {
@@ -245,47 +256,43 @@ void Scheduler::run_prompts(const std::vector<JobPtr>& jobs) {
       ev.type = Event::Type::kAccepted;
       ev.prompt_tokens = static_cast<int64_t>(resolved.baseline.size());
       job->channel.push(std::move(ev));
-      valid.push_back(job);
-    } catch (const Error& e) {
-      job->channel.push(error_event(e));
+      job->accepted = true;
     }
+    const double run_start = now_ms();
+    const int64_t before = batch_->active();
+    const auto row =
+        batch_->admit(job->prompt, job->params, stream_to(*job), RequestOptions{job->use_cache});
+    if (!row) return false;
+    if (before > 0 && decoding_) metrics_.count_join();
+    running_[*row] = {job, run_start, static_cast<int>(batch_->active())};
+  } catch (const Error& e) {
+    job->channel.push(error_event(e));
   }
-  if (valid.empty()) return;
-  const SamplingParams& params = valid.front()->params;
-  const RequestOptions request{valid.front()->use_cache};
-  const auto one = [&](Job& job) {
-    try {
-      metrics_.observe_batch(1);
-      finish(job, engine_.generate(job.prompt, job.params, stream_to(job), request), 1, run_start);
-    } catch (const Error& e) {
-      job.channel.push(error_event(e));
-    }
-  };
-  if (valid.size() == 1) {
-    one(*valid.front());
-    return;
-  }
-  std::vector<pml::Prompt> prompts;
-  std::vector<TokenCallback> streams;
-  for (const JobPtr& job : valid) {
-    prompts.push_back(job->prompt);
-    streams.push_back(stream_to(*job));
-  }
-  std::vector<Response> responses;
+  return true;
+}
+
+void Scheduler::step() {
+  std::vector<BatchSession::Finished> done;
+  const int rows = static_cast<int>(batch_->active());
   try {
-    responses = engine_.generate_batch(
-        prompts, params,
-        [&](std::size_t i, TokenId id, const std::string& text) { return streams[i](id, text); },
-        request);
-  } catch (const Error&) {
-    // Checked above, so this is rare (a batch-wide limit): each prompt runs alone and gets its
-    // own answer or error. Nothing was streamed: the engine fails before the first token.
-    for (const JobPtr& job : valid) one(*job);
+    done = batch_->step();
+  } catch (const std::exception& e) {
+    // A bug or no memory: every running request fails, and the batch starts afresh.
+    for (auto& [id, r] : running_) r.job->channel.push(internal_error_event(e));
+    running_.clear();
+    decoding_ = false;
+    batch_ = std::make_unique<BatchSession>(engine_, BatchSessionOptions{max_batch_, 0});
     return;
   }
-  metrics_.observe_batch(static_cast<int>(valid.size()));
-  for (std::size_t i = 0; i < valid.size(); ++i) {
-    finish(*valid[i], std::move(responses[i]), static_cast<int>(valid.size()), run_start);
+  decoding_ = !batch_->empty();
+  for (auto& [id, r] : running_) r.batch_size = std::max(r.batch_size, rows);
+  for (auto& f : done) {
+    auto it = running_.find(f.id);
+    if (it == running_.end()) continue;
+    Running r = std::move(it->second);
+    running_.erase(it);
+    metrics_.observe_batch(r.batch_size);
+    finish(*r.job, std::move(f.response), r.batch_size, r.run_start);
   }
 }
 
@@ -363,11 +370,8 @@ void Scheduler::run_delete(Job& job) {
       return;
     }
   }
-  // The Engine has no call that removes a schema: its states are replaced by those of a
-  // one-word placeholder of the same name (freeing them), and the server forgets the name, so
-  // prompts naming it are refused as unknown.
-  engine_.add_schema(pml::parse_schema_string("<schema name=\"" + name + "\">deleted</schema>",
-                                              "<deleted schema>"));
+  // Requests running on it keep its states until they finish; new prompts naming it are refused.
+  engine_.remove_schema(name);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     store_bytes_ = engine_.store().bytes();

@@ -1,12 +1,16 @@
-// The scheduler thread: the only thread that touches the Engine (which is not thread-safe).
-// HTTP handlers submit Jobs and read their results from each job's Channel. Prompt requests
-// waiting together with equal sampling parameters run as one Engine::generate_batch call (up to
-// max_batch rows); requests that arrive while a batch runs wait for the next one.
+// The scheduler thread: the only thread that runs requests on the Engine. HTTP handlers submit
+// Jobs and read their results from each job's Channel. Prompt requests are batched continuously
+// (BatchSession): one that arrives while others decode joins the batch before the next decode
+// step (up to max_batch rows, each with its own sampling parameters), and one that finishes
+// leaves it at once. A delete runs at once (requests running on the schema keep its states).
+// Plain completions and compiles run in arrival order: prompts queued behind one wait until the
+// batch has drained and it has run.
 #pragma once
 
 #include <condition_variable>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -17,6 +21,7 @@
 #include "job.hpp"
 #include "metrics.hpp"
 #include "prefix_session.hpp"
+#include "promptcache/batch_session.hpp"
 
 namespace promptcache::server {
 
@@ -40,8 +45,18 @@ class Scheduler {
   Gauges gauges() const;
 
  private:
+  // A prompt job admitted into the batch.
+  struct Running {
+    JobPtr job;
+    double run_start = 0;
+    int batch_size = 1;  // most rows decoding together while it ran
+  };
   void loop();
-  void run_prompts(const std::vector<JobPtr>& jobs);
+  // Checks the prompt and admits it into the batch; false (the job untouched) when the batch has
+  // no room for it now.
+  bool admit(const JobPtr& job);
+  void step();
+  void run_job(Job& job);
   void run_plain(Job& job);
   void run_compile(Job& job);
   void run_delete(Job& job);
@@ -55,6 +70,9 @@ class Scheduler {
   const int max_batch_;
   const std::string cache_dir_;
   PrefixSession plain_;
+  std::unique_ptr<BatchSession> batch_;             // scheduler thread only
+  std::map<BatchSession::RowId, Running> running_;  // its rows
+  bool decoding_ = false;  // the batch has decoded a step since it was last empty
 
   mutable std::mutex mutex_;  // guards everything below
   std::condition_variable wake_;

@@ -293,6 +293,44 @@ TEST_CASE("adding a schema again lets go of the states the engine's buffer held"
   CHECK(again.tokens == first.tokens);
 }
 
+TEST_CASE("remove_schema: running requests finish on its states, new ones are refused", "[cache]") {
+  auto engine = test::tiny_engine();
+  engine->add_schema_string(kSchema);
+  engine->add_schema_string(kOpenings);
+  const std::string prompt = R"(<prompt schema="trip"><city/><rainy/>Where do we go?</prompt>)";
+  SamplingParams params;
+  params.max_new_tokens = 8;
+  params.stop_at_eos = false;
+  const auto alone = engine->generate_xml(prompt, params);
+  const torch::Tensor block =
+      engine->store().find("trip", engine->layout("trip").module("city").spans[0])->kv;
+  const int64_t openings_bytes = engine->store().bytes("openings");
+  // Removed after the request's third token: it finishes on the states it holds.
+  int tokens = 0;
+  bool removed = false;
+  const auto during = engine->generate_xml(prompt, params, [&](TokenId, const std::string&) {
+    if (++tokens == 3) removed = engine->remove_schema("trip");
+    return true;
+  });
+  CHECK(removed);
+  CHECK(during.tokens == alone.tokens);
+  CHECK_FALSE(engine->has_schema("trip"));
+  CHECK(engine->store().bytes("trip") == 0);
+  CHECK(engine->store().bytes("openings") == openings_bytes);  // the other schema is untouched
+  CHECK(block.use_count() == 1);  // freed: only this test still holds the block
+  try {
+    engine->generate_xml(prompt, params);
+    FAIL("a prompt naming a removed schema must be refused");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::kUnknownSchema);
+    CHECK(std::string(e.what()).find("'trip'") != std::string::npos);
+  }
+  CHECK_FALSE(engine->remove_schema("trip"));
+  // Added again, it serves as before.
+  engine->add_schema_string(kSchema);
+  CHECK(engine->generate_xml(prompt, params).tokens == alone.tokens);
+}
+
 TEST_CASE("compile, store and assemble in bf16 and f16 on the test device", "[cache][half]") {
   const ModelConfig config = test::tiny_config();
   const auto weights = random_llama_weights(config, 1, 0.15);

@@ -1,5 +1,6 @@
-// The scheduler on its own: requests waiting together run as one Engine::generate_batch call
-// (bounded by max_batch) with the answers each would get alone; one bad prompt fails alone.
+// The scheduler on its own: queued prompts decode together in one continuous batch (at most
+// max_batch rows, each with its own sampling parameters), later ones join as rows finish, and
+// each gets the answer it would get alone; one bad prompt fails alone.
 #include <fstream>
 #include <map>
 
@@ -42,7 +43,8 @@ Outcome wait(server::Job& job) {
 
 }  // namespace
 
-TEST_CASE("scheduler: waiting prompts run as batches of at most max_batch", "[server]") {
+TEST_CASE("scheduler: prompts decode together, at most max_batch rows, and join as rows free",
+          "[server]") {
   TempDir dir("promptcache-sched");
   { std::ofstream(dir.file("docs.xml")) << docs_schema(); }
   auto engine = tiny_engine();
@@ -58,7 +60,7 @@ TEST_CASE("scheduler: waiting prompts run as batches of at most max_batch", "[se
     jobs.push_back(prompt_job(docs_prompt(i), 10));
     if (i == 3) jobs.push_back(prompt_job("<prompt schema=\"docs\"><d42/></prompt>", 10));
   }
-  // A job with other sampling parameters never joins their batches.
+  // One with other sampling parameters runs in the same batch and finishes first.
   auto other = prompt_job(docs_prompt(7), 6);
   jobs.insert(jobs.begin() + 2, other);
   for (auto& job : jobs) scheduler.submit(job);
@@ -78,21 +80,24 @@ TEST_CASE("scheduler: waiting prompts run as batches of at most max_batch", "[se
     const Response expected = ref->generate(job->prompt, job->params);
     CHECK(o.last.response.tokens == expected.tokens);
     CHECK(o.streamed == expected.tokens);
+    CHECK(o.last.batch_size <= 12);
     if (job == other) {
-      CHECK(o.last.batch_size == 1);
+      CHECK(o.last.batch_size == 12);
     } else {
       sizes.push_back(o.last.batch_size);
       ++good;
     }
   }
   CHECK(good == 16);
-  // Queue order: 2 good, the other, 2 good, the bad one, 12 good. The first run takes the
-  // first good job and the 11 queued after it that match (the bad one among them, refused
-  // alone), so 11 good ones run together; then the other alone; then the remaining 5.
+  // Queue order: 2 good, the other, 2 good, the bad one (refused, taking no row), 12 good. The
+  // first 12 rows are 11 good ones and the other; the 12th good one joins when the other
+  // finishes (after 6 tokens), the last 4 when the first 11 have finished.
   std::map<int, int> count;
   for (int s : sizes) ++count[s];
-  CHECK(count[11] == 11);
-  CHECK(count[5] == 5);
-  CHECK(metrics.render({}).find("promptcache_batch_size_bucket{le=\"16\"} 3") != std::string::npos);
+  CHECK(count[12] == 12);
+  CHECK(count[5] == 4);
+  const std::string text = metrics.render({});
+  CHECK(text.find("promptcache_batch_joins_total 5\n") != std::string::npos);
+  CHECK(text.find("promptcache_batch_size_bucket{le=\"16\"} 17") != std::string::npos);
   scheduler.stop();
 }

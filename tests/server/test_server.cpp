@@ -24,6 +24,19 @@ std::unique_ptr<Engine> reference_engine() {
   return e;
 }
 
+// Each client's answer is its single-request response; returns the largest batch_size reported.
+int check_answers(const std::vector<json>& answers, const std::vector<Response>& expected) {
+  int largest_batch = 0;
+  for (std::size_t i = 0; i < answers.size(); ++i) {
+    INFO("client " << i << ": " << answers[i].dump());
+    REQUIRE(answers[i].contains("token_ids"));
+    CHECK(answers[i]["token_ids"].get<std::vector<TokenId>>() == expected[i].tokens);
+    CHECK(answers[i]["text"] == expected[i].text);
+    largest_batch = std::max(largest_batch, answers[i]["batch_size"].get<int>());
+  }
+  return largest_batch;
+}
+
 }  // namespace
 
 TEST_CASE("serve: schemas are compiled with streamed progress, listed, shown and deleted",
@@ -148,17 +161,65 @@ TEST_CASE("serve: 16 concurrent clients get the single-request answers", "[serve
     });
   }
   for (auto& t : clients) t.join();
-  int largest_batch = 0;
-  for (int i = 0; i < kClients; ++i) {
-    INFO("client " << i << ": " << answers[i].dump());
-    REQUIRE(answers[i].contains("token_ids"));
-    CHECK(answers[i]["token_ids"].get<std::vector<TokenId>>() == expected[i].tokens);
-    CHECK(answers[i]["text"] == expected[i].text);
-    largest_batch = std::max(largest_batch, answers[i]["batch_size"].get<int>());
-  }
+  const int largest_batch = check_answers(answers, expected);
   // How many ran together depends on arrival times (the scheduler test pins batching down).
   WARN("largest batch of the 16 concurrent clients: " << largest_batch);
   CHECK(metric(s, "promptcache_batch_size_count") >= 1);
+}
+
+TEST_CASE("serve: 16 clients arriving while a batch decodes join it and get their own answers",
+          "[server]") {
+  server::ServerOptions options;
+  options.max_batch = 17;
+  TestServer s(options, long_context_engine());
+  post_schema(s, docs_schema());
+  auto ref = long_context_engine();
+  ref->add_schema_string(docs_schema());
+  // Client 0 decodes thousands of tokens, so the 16 others, arriving 10 ms apart with answers
+  // of different lengths, find a batch already decoding; each must get its single-request
+  // answer. (Client 0's own tokens are not compared: over thousands of greedy steps a near tie
+  // may break either way within float rounding.)
+  constexpr int kClients = 16, kAnchor = 3000;
+  const auto length = [](int i) { return 6 + (i % 5) * 4; };
+  std::vector<Response> expected;
+  for (int i = 0; i < kClients; ++i) {
+    expected.push_back(ref->generate_xml(docs_prompt(i), greedy(length(i))));
+  }
+  json anchor;
+  std::thread first([&] {
+    Posted r =
+        post(s, "/v1/prompt", json{{"prompt", docs_prompt(5)}, {"max_new_tokens", kAnchor}}.dump());
+    anchor = r.status == 200 ? json::parse(r.body) : json{{"status", r.status}};
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  std::vector<json> answers(kClients);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.emplace_back([&, i] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10 * i));
+      Posted r = post(
+          s, "/v1/prompt",
+          json{{"prompt", docs_prompt(i)}, {"max_new_tokens", length(i)}, {"stream", i % 3 == 0}}
+              .dump());
+      if (r.status != 200) {
+        answers[i] = json{{"status", r.status}, {"body", r.body}};
+      } else if (i % 3 == 0) {  // server-sent events, the last one the answer
+        answers[i] = sse_events(r.body).back();
+      } else {
+        answers[i] = json::parse(r.body);
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  first.join();
+  REQUIRE(anchor.contains("token_ids"));
+  CHECK(anchor["token_ids"].size() == static_cast<std::size_t>(kAnchor));
+  const int largest_batch = check_answers(answers, expected);
+  const double joins = metric(s, "promptcache_batch_joins_total");
+  WARN("joins " << joins << ", largest batch " << largest_batch);
+  // Every client arrived while client 0 decoded.
+  CHECK(joins == kClients);
+  CHECK(largest_batch >= 2);
 }
 
 TEST_CASE("serve: a client that disconnects stops its generation", "[server]") {
@@ -172,9 +233,13 @@ TEST_CASE("serve: a client that disconnects stops its generation", "[server]") {
            json{{"prompt", docs_prompt(1)}, {"max_new_tokens", kLong}, {"stream", true}}.dump(),
            [&](const std::string&) { return ++chunks < 4; });
   CHECK(r.error == httplib::Error::Canceled);
-  // The scheduler notices at one of the next tokens; the server is then free for the next.
+  // The scheduler notices at one of the next tokens. A request sent meanwhile joins the batch
+  // and may finish first.
   const json next = post_json(s, "/v1/prompt", {{"prompt", docs_prompt(2)}, {"max_new_tokens", 4}});
   CHECK(next["token_ids"].size() == 4);
+  for (int i = 0; i < 6000 && metric(s, "promptcache_cancelled_total") < 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   CHECK(metric(s, "promptcache_cancelled_total") == 1);
   const double generated = metric(s, "promptcache_generated_tokens_total");
   CHECK(generated >= 4);

@@ -115,6 +115,11 @@ class KVCache {
   // copied (a batch drops its finished rows so); slots, positions, provenance and block-held
   // runs (the same for every row) are kept.
   void keep_rows(const std::vector<int64_t>& rows);
+  // Adds n empty batch rows after the current ones (a batch admitting new prompts): their filled
+  // slots hold no states (position -1) until the caller writes them. Rows keep_rows dropped are
+  // taken back without allocating; beyond them the buffer grows (to twice its rows at least),
+  // copying the filled slots.
+  void add_rows(int64_t n);
 
   // Provenance, for the assembler: records that filled slots [slot, slot + count) hold a copy of
   // stored block `source`, so a later request selecting the same blocks at the same slots can
@@ -153,6 +158,7 @@ class KVCache {
   KVCacheShape shape_;
   torch::TensorOptions options_;
   torch::Tensor all_;             // [layers, 2, batch, kv_heads, capacity, head_dim]
+  torch::Tensor rows_all_;        // all allocated rows (keep_rows narrows all_ to a prefix of it)
   std::vector<torch::Tensor> k_;  // per layer views of all_: [batch, kv_heads, capacity, head_dim]
   std::vector<torch::Tensor> v_;
   int64_t length_ = 0;

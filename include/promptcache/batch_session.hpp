@@ -1,0 +1,110 @@
+// promptcache/batch_session.hpp — continuous batching: prompts join and leave a decoding batch.
+//
+//   BatchSession session(*engine);
+//   auto a = session.admit(prompt_a, params);        // prefilled, first token sampled
+//   session.step();                                  // one decode step for every active row
+//   auto b = session.admit(prompt_b, params);        // joins the running batch
+//   while (!session.empty())
+//     for (auto& done : session.step()) use(done.id, done.response);
+//
+// The session owns one batch KV cache. admit() assembles a prompt's modules and runs its fresh
+// tokens in a KV buffer of its own (exactly as Engine::generate does), copies those states into a
+// row of the batch cache at slots the other rows never see, and samples the first token. step()
+// feeds every active row its last token in one batched forward, each row attending to its own
+// prompt slots and to the slots its decoding appended. A row whose sequence ends is reported
+// once by step() and leaves the batch (its row is reused by the next admit, or dropped with
+// KVCache::keep_rows once enough rows are free).
+//
+// Contract (tests/contracts/test_session_exact.cpp): a prompt gets what Engine::generate gives it
+// alone — the same tokens under greedy decoding or the same seed, logits equal within float
+// rounding — whenever it is admitted and whatever else runs beside it.
+//
+// Slots: every row shares the cache's slot count, which grows by one per step while any row
+// decodes and by a long prompt's excess over it at admission (the rows' decoded slots then move
+// up past the new prompt's end). A row sees its prompt's slots and
+// those its decoding appended, nothing between; once a quarter of the slots serve no running row
+// the decoded slots move down (a copy of decoded tokens only), so the batch holds about as many
+// slots as its fullest row needs. It starts again from 0 whenever the session is empty. admit()
+// returns nothing (the caller retries after a step) when the prompt's slots and the decoding every
+// row may still do would pass max_slots; an empty session admits any prompt within the model's
+// context.
+//
+// One thread uses a session; the engine may serve other requests meanwhile.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "promptcache/engine.hpp"
+
+namespace promptcache {
+
+struct BatchSessionOptions {
+  int64_t max_rows = 16;  // rows decoding at once; admit() refuses more
+  int64_t max_slots = 0;  // slots of the batch cache; 0: twice the model's context
+};
+
+class BatchSession {
+ public:
+  using RowId = uint64_t;
+  struct Finished {
+    RowId id = 0;
+    Response response;
+  };
+
+  explicit BatchSession(Engine& engine, BatchSessionOptions options = {});
+  BatchSession(const BatchSession&) = delete;
+  BatchSession& operator=(const BatchSession&) = delete;
+  ~BatchSession();
+
+  // Resolves, assembles and prefills the prompt, samples its first token (streamed through
+  // on_token) and makes it a row of the batch. Errors as Engine::generate (unknown schema,
+  // context overflow, bad parameters; recompute is refused). Nothing (and no work done) when the
+  // batch is full or its slots cannot hold the prompt now. A prompt whose sequence ends at its
+  // first token is reported by the next step().
+  std::optional<RowId> admit(const pml::Prompt& prompt, const SamplingParams& params,
+                             TokenCallback on_token = {}, const RequestOptions& request = {});
+
+  // One decode step for every active row; returns the rows that finished (each once).
+  std::vector<Finished> step();
+
+  // Rows still decoding (or finished and not yet reported).
+  int64_t active() const;
+  bool empty() const { return active() == 0; }
+  // Slots the batch cache holds now (every row's, see "Slots" above).
+  int64_t slots() const { return cache_.length(); }
+  // Rows of the batch cache, finished ones not yet dropped included.
+  int64_t rows() const { return static_cast<int64_t>(rows_.size()); }
+  // How many times the slots were compacted (see "Slots" above).
+  int64_t compactions() const { return compactions_; }
+
+ private:
+  struct Row;
+  // Where a new prompt of `prompt_slots` slots goes: a free row's index, or rows() for a new one.
+  int64_t place_row() const;
+  bool fits(int64_t prompt_slots, int64_t decode_room) const;
+  void write_row(int64_t row, const KVCache& prompt);
+  void retire_finished(std::vector<Finished>& out);
+  // The most slots a row still running needs (its prompt and its decoding).
+  int64_t used_slots() const;
+  // Drops the slots no running row needs (moving decoded slots down); the _if_sparse form only
+  // when at least a quarter of them are unused.
+  void compact();
+  void compact_if_sparse();
+  // Moves every running row's decoded slots by `by` slots (down when negative), its prompt
+  // staying where it is; the batch's slot count changes by `by`.
+  void move_decoded(int64_t by);
+  torch::Tensor visibility() const;  // [rows, 1, 1, slots + 1] for the next step
+
+  Engine& engine_;
+  BatchSessionOptions options_;
+  KVCache cache_;    // the batch: row r holds rows_[r]
+  KVCache scratch_;  // one prompt's assembly and prefill (keeps its modules for the next)
+  std::vector<std::unique_ptr<Row>> rows_;
+  RowId next_id_ = 1;
+  int64_t compactions_ = 0;
+};
+
+}  // namespace promptcache

@@ -1,0 +1,305 @@
+#include "promptcache/batch_session.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "promptcache/error.hpp"
+
+namespace promptcache {
+
+struct BatchSession::Row {
+  RowId id = 0;
+  std::unique_ptr<TokenStream> stream;
+  int64_t prompt_slots = 0;   // slots [0, prompt_slots) hold its prompt's states
+  int64_t decode_begin = 0;   // slots from here on are its decoding (those between: not its own)
+  TokenId next_token = -1;    // fed at the next step
+  int64_t next_position = 0;  // the position it is fed at
+  int64_t room = 0;           // decode steps it may still take (its share of the slots)
+  bool finished = false;      // its sequence ended
+  bool reported = false;      // step() returned it: the row is free for the next admit
+  double start_ms = 0, first_token_ms = 0, last_token_ms = 0;
+  Response response;
+};
+
+namespace {
+
+// As Engine::generate: room for max_new_tokens decode steps, never more than the context.
+int64_t decode_room(int64_t max_new_tokens, int64_t context) {
+  return std::clamp<int64_t>(max_new_tokens, 0, context);
+}
+
+}  // namespace
+
+BatchSession::BatchSession(Engine& engine, BatchSessionOptions options)
+    : engine_(engine), options_(options) {
+  const int64_t context = engine_.model().config().max_position_embeddings;
+  if (options_.max_rows <= 0) {
+    throw Error(ErrorKind::kInvalidArgument, "BatchSession: max_rows must be positive, got " +
+                                                 std::to_string(options_.max_rows));
+  }
+  if (options_.max_slots <= 0) options_.max_slots = 2 * context;
+  cache_ = engine_.model().make_cache(0);
+  scratch_ = engine_.model().make_cache(0);
+}
+
+BatchSession::~BatchSession() = default;
+
+int64_t BatchSession::active() const {
+  return std::count_if(rows_.begin(), rows_.end(), [](const auto& r) { return !r->reported; });
+}
+
+int64_t BatchSession::place_row() const {
+  for (std::size_t r = 0; r < rows_.size(); ++r) {
+    if (rows_[r]->reported) return static_cast<int64_t>(r);
+  }
+  return rows();
+}
+
+bool BatchSession::fits(int64_t prompt_slots, int64_t decode_room) const {
+  if (rows_.empty()) return true;  // the session starts again from slot 0
+  int64_t room = decode_room;
+  for (const auto& r : rows_) {
+    if (!r->finished) room = std::max(room, r->room);
+  }
+  return std::max(cache_.length(), prompt_slots) + room <= options_.max_slots;
+}
+
+std::optional<BatchSession::RowId> BatchSession::admit(const pml::Prompt& prompt,
+                                                       const SamplingParams& params,
+                                                       TokenCallback on_token,
+                                                       const RequestOptions& request) {
+  const double start = now_ms();
+  params.validate();
+  if (request.recompute != 0) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "recompute applies to single prompts; a batch session takes recompute = 0");
+  }
+  const int64_t context = engine_.model().config().max_position_embeddings;
+  const int64_t room = decode_room(params.max_new_tokens, context);
+  const int64_t row = place_row();
+  if (row >= options_.max_rows) return std::nullopt;
+  // The schema is held until the prompt's states are in the batch cache (as in generate).
+  const Engine::EntryPtr entry = engine_.entry_for(prompt);
+  const pml::ResolvedPrompt resolved = pml::resolve(prompt, entry->layout, engine_.tokenizer());
+  // The prompt's slots are at most its positions (checked before any work is done).
+  const auto bound =
+      static_cast<int64_t>(request.use_cache ? resolved.next_position() : resolved.baseline.size());
+  if (!fits(bound, room)) {
+    compact();
+    if (!fits(bound, room)) return std::nullopt;
+  }
+
+  // Assembled and prefilled alone, exactly as generate does (the states are copied below).
+  Engine::Prefill pre =
+      engine_.prefill_with(request.use_cache ? entry.get() : nullptr, resolved, scratch_,
+                           request.use_cache, 0, AssembleOptions{request.reuse_buffer, false}, {});
+
+  if (rows_.empty()) {
+    cache_.clear();
+  } else if (row == rows()) {
+    cache_.add_rows(1);
+  }
+  const int64_t prompt_slots = scratch_.length();
+  const int64_t length = std::max(cache_.length(), prompt_slots);
+  int64_t needed = length + room;
+  for (const auto& r : rows_) {
+    if (!r->finished) needed = std::max(needed, length + r->room);
+  }
+  if (needed > cache_.capacity()) {
+    // Grown by half at least, so a steady stream of admissions reallocates rarely.
+    cache_.reserve(std::max(needed, std::min(options_.max_slots, cache_.capacity() * 3 / 2)));
+  }
+  // A prompt longer than the batch's slots: every row's decoded slots move up to make room (the
+  // slots between a row's prompt and its decoding are hidden from it).
+  if (prompt_slots > cache_.length()) move_decoded(prompt_slots - cache_.length());
+  write_row(row, scratch_);
+
+  auto r = std::make_unique<Row>();
+  r->id = next_id_++;
+  r->prompt_slots = prompt_slots;
+  r->decode_begin = cache_.length();
+  r->room = room;
+  r->start_ms = start;
+  r->stream = std::make_unique<TokenStream>(engine_.model(), engine_.tokenizer(), params,
+                                            resolved.baseline, std::move(on_token));
+  Response& response = r->response;
+  response.timings.assembly_ms = pre.assembled.ms;
+  response.timings.fresh_prefill_ms = pre.prefill_ms;
+  response.cached_tokens = pre.assembled.cached_tokens;
+  response.reused_tokens = pre.assembled.reused_tokens;
+  response.fresh_tokens = static_cast<int64_t>(pre.assembled.fresh_tokens.size());
+  response.kv_bytes = pre.assembled.kv_bytes;
+
+  // The first token, from the prefill's logits (generate's first iteration).
+  auto host = pre.logits.reshape({-1}).to(torch::kCPU, torch::kFloat32).contiguous();
+  TokenId id = r->stream->sample(host.data_ptr<float>(), static_cast<std::size_t>(host.numel()));
+  r->first_token_ms = r->last_token_ms = now_ms();
+  r->next_position = scratch_.max_position() + 1;
+  if ((id = r->stream->accept(id)) >= 0 && (r->room <= 0 || r->next_position >= context)) {
+    r->stream->stop(StopReason::kContextFull);
+    id = -1;
+  }
+  r->next_token = id;
+  r->finished = id < 0;
+  const RowId admitted = r->id;
+  if (row == rows()) {
+    rows_.push_back(std::move(r));
+  } else {
+    rows_[static_cast<std::size_t>(row)] = std::move(r);
+  }
+  return admitted;
+}
+
+void BatchSession::write_row(int64_t row, const KVCache& prompt) {
+  const int64_t n = prompt.length(), length = cache_.length();
+  cache_.write_block(0, prompt.all_slots(0, n).select(2, 0).contiguous(), row);
+  std::vector<int64_t> positions = prompt.positions();
+  if (length > n) {
+    // Slots between the prompt and the row's decoding: hidden from it, zeroed so that no stale
+    // value of an earlier row can reach the attention.
+    cache_.all_slots(n, length - n).narrow(2, row, 1).zero_();
+    positions.resize(static_cast<std::size_t>(length), -1);
+  }
+  cache_.set_row_positions(row, 0, positions);
+}
+
+int64_t BatchSession::used_slots() const {
+  int64_t used = 0;
+  for (const auto& r : rows_) {
+    if (!r->reported) used = std::max(used, r->prompt_slots + cache_.length() - r->decode_begin);
+  }
+  return used;
+}
+
+void BatchSession::compact_if_sparse() {
+  const int64_t unused = cache_.length() - used_slots();
+  if (unused >= 16 && unused * 4 >= cache_.length()) compact();
+}
+
+void BatchSession::compact() {
+  const int64_t unused = cache_.length() - used_slots();
+  if (unused <= 0) return;
+  move_decoded(-unused);
+  ++compactions_;
+}
+
+void BatchSession::move_decoded(int64_t by) {
+  const int64_t length = cache_.length(), target = length + by;
+  if (by > 0) {  // new slots at the end: zeros at position -1 until a row's states move there
+    cache_.all_slots(length, by).zero_();
+    cache_.fill_external(by, std::vector<int64_t>(static_cast<std::size_t>(by), -1));
+  }
+  for (std::size_t i = 0; i < rows_.size(); ++i) {
+    Row& r = *rows_[i];
+    const auto row = static_cast<int64_t>(i);
+    if (r.reported) {  // a free row: sees only what it appends from now on
+      r.prompt_slots = 0;
+      r.decode_begin = target;
+      continue;
+    }
+    const int64_t n = length - r.decode_begin;
+    if (n > 0) {
+      const auto moved = cache_.all_slots(r.decode_begin, n).narrow(2, row, 1).clone();
+      cache_.all_slots(r.decode_begin + by, n).narrow(2, row, 1).copy_(moved);
+      const auto& held = cache_.row_positions(row);
+      const std::vector<int64_t> positions(held.begin() + r.decode_begin, held.begin() + length);
+      cache_.set_row_positions(row, r.decode_begin + by, positions);
+    }
+    r.decode_begin += by;
+  }
+  if (by < 0) cache_.truncate(target);
+}
+
+torch::Tensor BatchSession::visibility() const {
+  const int64_t columns = cache_.length() + 1;
+  auto visible = torch::zeros({rows(), 1, columns}, torch::kBool);
+  auto* data = visible.data_ptr<bool>();
+  for (std::size_t r = 0; r < rows_.size(); ++r) {
+    bool* row = data + static_cast<int64_t>(r) * columns;
+    std::memset(row, 1, static_cast<std::size_t>(rows_[r]->prompt_slots));
+    std::memset(row + rows_[r]->decode_begin, 1,
+                static_cast<std::size_t>(columns - rows_[r]->decode_begin));
+  }
+  return visible;
+}
+
+std::vector<BatchSession::Finished> BatchSession::step() {
+  std::vector<Finished> out;
+  const bool decoding =
+      std::any_of(rows_.begin(), rows_.end(), [](const auto& r) { return !r->finished; });
+  if (decoding) {
+    const auto batch = rows();
+    const auto int64 = torch::TensorOptions().dtype(torch::kInt64);
+    auto ids = torch::zeros({batch, 1}, int64);
+    auto positions = torch::zeros({batch, 1}, int64);
+    int64_t* id_data = ids.data_ptr<int64_t>();
+    int64_t* position_data = positions.data_ptr<int64_t>();
+    for (int64_t i = 0; i < batch; ++i) {
+      const Row& r = *rows_[static_cast<std::size_t>(i)];
+      if (r.finished) continue;  // runs along on token 0, seen by no other row
+      id_data[i] = static_cast<int64_t>(r.next_token);
+      position_data[i] = r.next_position;
+    }
+    ForwardOptions forward;
+    forward.attention_mask = visibility();
+    auto logits = engine_.model().forward(ids, positions, cache_, forward).reshape({batch, -1});
+    auto host = logits.to(torch::kCPU, torch::kFloat32).contiguous();
+    const auto vocab = static_cast<std::size_t>(host.size(1));
+    const int64_t context = engine_.model().config().max_position_embeddings;
+    for (int64_t i = 0; i < batch; ++i) {
+      Row& r = *rows_[static_cast<std::size_t>(i)];
+      if (r.finished) continue;
+      ++r.response.timings.decode_tokens;
+      ++r.next_position;
+      --r.room;
+      TokenId id = r.stream->sample(host[i].data_ptr<float>(), vocab);
+      r.last_token_ms = now_ms();
+      if ((id = r.stream->accept(id)) >= 0 && (r.room <= 0 || r.next_position >= context)) {
+        r.stream->stop(StopReason::kContextFull);
+        id = -1;
+      }
+      r.next_token = id;
+      r.finished = id < 0;
+    }
+  }
+  retire_finished(out);
+  return out;
+}
+
+void BatchSession::retire_finished(std::vector<Finished>& out) {
+  for (auto& r : rows_) {
+    if (!r->finished || r->reported) continue;
+    GenerationResult result = r->stream->take_result();
+    Response& response = r->response;
+    response.text = std::move(result.text);
+    response.tokens = std::move(result.tokens);
+    response.stop_reason = result.stop_reason;
+    response.timings.ttft_ms = r->first_token_ms - r->start_ms;
+    response.timings.decode_ms = r->last_token_ms - r->first_token_ms;
+    out.push_back({r->id, std::move(response)});
+    r->reported = true;
+    r->stream.reset();
+  }
+  std::vector<int64_t> keep;
+  for (std::size_t r = 0; r < rows_.size(); ++r) {
+    if (!rows_[r]->reported) keep.push_back(static_cast<int64_t>(r));
+  }
+  if (keep.empty()) {
+    // Empty: the next admission starts again from slot 0 with one row.
+    rows_.clear();
+    cache_.clear();
+    if (cache_.shape().batch > 1) cache_.keep_rows({0});
+    return;
+  }
+  compact_if_sparse();
+  // Free rows run along until a new prompt takes them; once a quarter of the batch is free they
+  // are dropped (moving the others' states down), as generate_batch drops finished rows.
+  const auto free = static_cast<int64_t>(rows_.size() - keep.size());
+  if (free * 4 < rows()) return;
+  cache_.keep_rows(keep);
+  std::vector<std::unique_ptr<Row>> kept;
+  for (int64_t r : keep) kept.push_back(std::move(rows_[static_cast<std::size_t>(r)]));
+  rows_ = std::move(kept);
+}
+
+}  // namespace promptcache
