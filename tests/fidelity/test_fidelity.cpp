@@ -134,8 +134,9 @@ TEST_CASE("a gap prompt drifts at r = 0 and r = 1 equals the no-cache logits", "
   }
 }
 
-TEST_CASE("the deviation pass's layers are exact for every token; through all layers, no cache",
-          "[fidelity]") {
+TEST_CASE(
+    "the deviation pass keeps exact layers for every token and through all layers is no cache",
+    "[fidelity]") {
   auto engine = test::tiny_engine(6);
   engine->add_schema_string(kStory);
   const auto resolved = engine->resolve(pml::parse_prompt_string(kGapPrompt));
@@ -171,7 +172,7 @@ TEST_CASE("the deviation pass's layers are exact for every token; through all la
   }
 }
 
-TEST_CASE("a schema's recompute attribute is the default share; a request overrides it",
+TEST_CASE("a schema's recompute attribute is the default share and a request overrides it",
           "[fidelity]") {
   auto engine = test::tiny_engine(6);
   std::string schema = kStory;

@@ -58,7 +58,7 @@ TEST_CASE("layout: golden offsets with nested modules, union and parameter", "[p
   CHECK(l.root().end == 17);
 }
 
-TEST_CASE("schema: recompute attribute is the schema's default share, carried by its layout",
+TEST_CASE("schema: recompute attribute is the schema's default share and its layout carries it",
           "[pml][layout]") {
   FakeTokenizer tok;
   const Schema with = parse_schema_string(R"(<schema name="r" recompute="0.25">R</schema>)");
