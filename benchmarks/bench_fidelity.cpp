@@ -8,14 +8,19 @@
 //    was compiled after), then a continuation cue. For every r of --recompute and criterion of
 //    --criteria: first-token agreement and KL against the no-cache run, 24- and --tokens-token
 //    (default 32) greedy exact agreement, mean tokens before the first divergence, the
-//    log-likelihood per token of the no-cache greedy continuation under the cached run, TTFT.
+//    log-likelihood per token of the no-cache greedy continuation under the cached run, TTFT;
+//    and how close the calls were: the no-cache margin (top-1 minus top-2 log-probability) where
+//    the continuations diverge, and the share of prompts whose first token wins by < 0.1 nats.
+//    --select-layer L: the deviation criterion's layer (RecomputeOptions::select_layer).
 //  * speed (a synthetic --shape model, default bench-small): a --schema-token (default 2048)
 //    document schema of 128-token modules, a prompt selecting all but its second module, then
 //    --fresh (default 16) fresh tokens. Cached TTFT at every r and criterion against the
-//    no-cache TTFT, all measured in this run, best of --repeats (default 3), repeats interleaved.
+//    no-cache TTFT, all measured in this run, best of --repeats (default 3), repeats interleaved;
+//    then one more run of each through recompute_prefill for its phases (RecomputeReport).
 //
 //   build/benchmarks/bench_fidelity [--part fidelity,speed] [--recompute 0,0.05,0.1,0.2,0.3,0.5,1]
 //       [--criteria deviation,boundary] [--prompts 200] [--seed 7] [--tokens 32] [--model DIR]
+//       [--select-layer 1]
 //       [--shape bench-small] [--schema 2048] [--fresh 16] [--repeats 3] [--threads N]
 #include <torch/types.h>
 
@@ -29,6 +34,7 @@
 #include "bench_engine.hpp"
 #include "promptcache/fidelity.hpp"
 #include "promptcache/model/threads.hpp"
+#include "promptcache/recompute.hpp"
 
 using namespace promptcache;
 
@@ -137,13 +143,14 @@ void fidelity_part(const bench::Flags& flags, const std::vector<double>& fractio
       if (r == 0 && criterion != criteria.front()) continue;  // r = 0 runs no criterion
       FidelityOptions fo;
       fo.tokens = tokens;
-      fo.recompute = {r, parse_recompute_criterion(criterion)};
+      fo.recompute = {r, parse_recompute_criterion(criterion), flags.integer("select-layer", 1)};
       std::vector<PromptFidelity> results;
-      int exact24 = 0;
+      int exact24 = 0, close_calls = 0;
       for (const auto& p : prompts) {
         results.push_back(measure_fidelity(*engine, p, fo));
         const auto& f = results.back();
         exact24 += f.exact || f.agreed_tokens >= 24 ? 1 : 0;
+        close_calls += f.first_token_margin < 0.1 ? 1 : 0;
       }
       const auto s = summarize_fidelity(results);
       nlohmann::json j = {{"bench", "fidelity"},
@@ -152,6 +159,7 @@ void fidelity_part(const bench::Flags& flags, const std::vector<double>& fractio
                           {"seed", seed},
                           {"recompute", r},
                           {"criterion", r == 0 ? "none" : criterion},
+                          {"select_layer", flags.integer("select-layer", 1)},
                           {"recomputed_share", s.recomputed_share},
                           {"first_token_agreement", s.first_token_agreement},
                           {"mean_first_token_kl", s.mean_first_token_kl},
@@ -161,6 +169,10 @@ void fidelity_part(const bench::Flags& flags, const std::vector<double>& fractio
                           {"mean_agreed_tokens", s.mean_agreed_tokens},
                           {"logprob_per_token", s.mean_logprob_per_token},
                           {"baseline_logprob_per_token", s.mean_baseline_logprob_per_token},
+                          {"median_divergence_margin", s.median_divergence_margin},
+                          {"near_tie_divergences", s.near_tie_divergences},
+                          // prompts whose no-cache first token wins by < 0.1 nats
+                          {"close_first_tokens", static_cast<double>(close_calls) / s.prompts},
                           {"cached_ttft_ms", s.cached_ttft_ms},
                           {"baseline_ttft_ms", s.baseline_ttft_ms}};
       std::cout << j.dump() << std::endl;
@@ -176,6 +188,7 @@ void speed_part(const bench::Flags& flags, const std::vector<double>& fractions,
   const auto words = bench::corpus_words();
   const int schema_tokens = flags.integer("schema", 2048), fresh = flags.integer("fresh", 16);
   const int repeats = flags.integer("repeats", 3);
+  const int select_layer = flags.integer("select-layer", 1);
   std::ostringstream xml, refs;
   xml << "<schema name=\"docs\">";
   std::size_t from = 0;
@@ -201,13 +214,14 @@ void speed_part(const bench::Flags& flags, const std::vector<double>& fractions,
     std::string criterion;
     std::vector<double> ttft;
     Response last;
+    RecomputeReport phases;
   };
   std::vector<Setting> settings;
-  settings.push_back({-1, "no cache", {}, {}});
+  settings.push_back({-1, "no cache", {}, {}, {}});
   for (const auto& criterion : criteria) {
     for (double r : fractions) {
       if (r == 0 && criterion != criteria.front()) continue;
-      settings.push_back({r, r == 0 ? "none" : criterion, {}, {}});
+      settings.push_back({r, r == 0 ? "none" : criterion, {}, {}, {}});
     }
   }
   for (int rep = 0; rep < repeats; ++rep) {
@@ -217,9 +231,23 @@ void speed_part(const bench::Flags& flags, const std::vector<double>& fractions,
       request.reuse_buffer = false;
       request.recompute = std::max(0.0, s.r);
       if (s.r > 0) request.recompute_criterion = parse_recompute_criterion(s.criterion);
+      request.recompute_select_layer = select_layer;
       s.last = engine.generate_xml(prompt, one, {}, request);
       s.ttft.push_back(s.last.timings.ttft_ms);
     }
+  }
+  // Where a recomputing request's time goes: one more run of each setting straight through
+  // recompute_prefill (same assembly as a request's), phase by phase.
+  const auto resolved = engine.resolve(pml::parse_prompt_string(prompt));
+  for (auto& s : settings) {
+    if (s.r <= 0) continue;
+    KVCache cache = engine.model().make_cache(0);
+    const auto assembled = Assembler().assemble(
+        resolved, engine.layout("docs"), engine.store(), cache,
+        static_cast<int64_t>(resolved.baseline.size()), AssembleOptions{false, true});
+    recompute_prefill(engine.model(), resolved, assembled, cache,
+                      RecomputeOptions{s.r, parse_recompute_criterion(s.criterion), select_layer},
+                      &s.phases);
   }
   const double uncached = bench::best_time(settings[0].ttft);
   for (const auto& s : settings) {
@@ -232,12 +260,17 @@ void speed_part(const bench::Flags& flags, const std::vector<double>& fractions,
                         {"recompute", s.r},
                         {"criterion", s.criterion},
                         {"recomputed_tokens", s.last.recomputed_tokens},
+                        {"select_layer", select_layer},
                         {"uncached_ttft_ms", uncached},
                         {"cached_ttft_ms", cached},
                         {"speedup", uncached / cached},
                         {"cached_ttft_ms_median", bench::median_time(s.ttft)},
                         {"uncached_ttft_ms_median", bench::median_time(settings[0].ttft)},
-                        {"repeats", repeats}};
+                        {"repeats", repeats},
+                        {"phase_move_ms", s.phases.move_ms},
+                        {"phase_select_ms", s.phases.select_ms},
+                        {"phase_forward_ms", s.phases.forward_ms},
+                        {"phase_finish_ms", s.phases.finish_ms}};
     j.update(bench::run_facts(engine, "cpu", "f32", threads));
     std::cout << j.dump() << std::endl;
   }
@@ -248,7 +281,7 @@ void speed_part(const bench::Flags& flags, const std::vector<double>& fractions,
 int main(int argc, char** argv) {
   const bench::Flags flags(argc, argv, "bench_fidelity",
                            {"part", "recompute", "criteria", "prompts", "seed", "tokens", "model",
-                            "shape", "schema", "fresh", "repeats", "threads"});
+                            "shape", "schema", "fresh", "repeats", "threads", "select-layer"});
   const auto threads = configure_threads(flags.integer("threads", 0));
   const auto fractions = parse_doubles(flags.text("recompute", "0,0.05,0.1,0.2,0.3,0.5,1"));
   const auto criteria = flags.words("criteria", "deviation,boundary");

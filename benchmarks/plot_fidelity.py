@@ -12,12 +12,17 @@ import sys
 
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
 out = sys.argv[2]
+# The deviation criterion on another layer than the default (1) is a series of its own.
+for r in rows:
+    if r.get("criterion") == "deviation" and r.get("select_layer", 1) != 1:
+        r["criterion"] = f"deviation L{r['select_layer']}"
 fid = [r for r in rows if r.get("bench") == "fidelity"]
 speed = [r for r in rows if r.get("bench") == "fidelity_speed"]
 criteria = sorted({r["criterion"] for r in fid + speed if r["criterion"] != "none"})
 
 W, H, PAD = 460, 320, 55
-colors = {"deviation": "#1f77b4", "boundary": "#d62728", "recent": "#2ca02c"}
+colors = {"deviation": "#1f77b4", "boundary": "#d62728", "recent": "#2ca02c",
+          "deviation L2": "#9467bd", "deviation L3": "#8c564b"}
 dashes = {"first_token_agreement": "", "exact_24": "6,3", "exact_32": "2,3"}
 labels = {"first_token_agreement": "first token", "exact_24": "24-token exact",
           "exact_32": "32-token exact"}

@@ -26,6 +26,8 @@ nlohmann::json fidelity_json(const PromptFidelity& f) {
           {"prompt_tokens", f.prompt_tokens},
           {"cached_tokens", f.cached_tokens},
           {"recomputed_tokens", f.recomputed_tokens},
+          {"first_token_margin", f.first_token_margin},
+          {"divergence_margin", f.divergence_margin},
           {"baseline_continuation", f.baseline_continuation},
           {"cached_continuation", f.cached_continuation}};
 }
@@ -44,7 +46,9 @@ nlohmann::json summary_json(const FidelitySummary& s, const FidelityOptions& o) 
           {"mean_baseline_logprob_per_token", s.mean_baseline_logprob_per_token},
           {"cached_ttft_ms", s.cached_ttft_ms},
           {"baseline_ttft_ms", s.baseline_ttft_ms},
-          {"recomputed_share", s.recomputed_share}};
+          {"recomputed_share", s.recomputed_share},
+          {"median_divergence_margin", s.median_divergence_margin},
+          {"near_tie_divergences", s.near_tie_divergences}};
 }
 
 }  // namespace
@@ -88,7 +92,7 @@ Command register_fidelity(CLI::App& root) {
             engine->add_schema(schema, progress_bar(), o->cache_file);
             FidelityOptions options;
             options.tokens = o->tokens;
-            options.recompute = recompute_options(o->recompute);
+            options.recompute = recompute_options(o->recompute, schema.recompute);
             std::vector<PromptFidelity> results;
             for (const auto& file : o->prompts) {
               const auto prompt = pml::parse_prompt_file(file);

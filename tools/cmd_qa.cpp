@@ -56,9 +56,10 @@ Command register_qa(CLI::App& root) {
             std::vector<std::string> selected;
             for (const auto& d : docs) selected.push_back(d.module);
             RequestOptions request;
+            request.recompute = given_recompute(o->recompute);
             const RecomputeOptions recompute = recompute_options(o->recompute);
-            request.recompute = recompute.fraction;
             request.recompute_criterion = recompute.criterion;
+            request.recompute_select_layer = recompute.select_layer;
             auto answer = [&](const std::string& question) {
               const auto r = engine->generate_xml(
                   docqa::prompt_xml(selected, question), params,

@@ -79,9 +79,10 @@ Command register_run(CLI::App& root) {
             params.stop_strings = o->sampling.stop;
             const bool cached = !o->no_cache;
             RequestOptions request{cached};
+            request.recompute = given_recompute(o->recompute);
             const RecomputeOptions recompute = recompute_options(o->recompute);
-            request.recompute = recompute.fraction;
             request.recompute_criterion = recompute.criterion;
+            request.recompute_select_layer = recompute.select_layer;
             if (prompts.size() > 1) {
               // One batch: the answers come when every prompt is done, each under its file name.
               const auto responses = engine->generate_batch(prompts, params, {}, request);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <optional>
 #include <string>
 
 #include "cli_common.hpp"
@@ -12,24 +13,44 @@ namespace promptcache::cli {
 struct RecomputeFlags {
   double fraction = 0;
   std::string criterion = "deviation";
+  int64_t select_layer = 1;
+  CLI::Option* fraction_option = nullptr;  // --recompute, to tell whether it was given
 };
 
 inline void add_recompute_flags(CLI::App& app, RecomputeFlags& flags) {
-  app.add_option("--recompute", flags.fraction,
-                 "share r in [0, 1] of the cached tokens recomputed in the prompt's full context "
-                 "(0: plain Prompt Cache, 1: the no-cache result; docs/fidelity.md)")
-      ->check(number_in(0, 1))
-      ->capture_default_str();
+  flags.fraction_option =
+      app.add_option("--recompute", flags.fraction,
+                     "share r in [0, 1] of the cached tokens recomputed in the prompt's full "
+                     "context (0: plain Prompt Cache, 1: the no-cache result; default: the "
+                     "schema's recompute attribute, else 0; docs/fidelity.md)")
+          ->check(number_in(0, 1));
   app.add_option("--recompute-criterion", flags.criterion,
                  "which cached tokens --recompute picks: deviation (CacheBlend's, layer-1 K/V "
                  "against a two-layer full pass), boundary (the tokens after each gap) or recent "
                  "(the tokens nearest the fresh text)")
       ->check(CLI::IsMember({"deviation", "boundary", "recent"}))
       ->capture_default_str();
+  app.add_option("--recompute-layer", flags.select_layer,
+                 "deviation: the layer whose K/V deviation picks the tokens; layers up to it are "
+                 "recomputed for every token (costs layer+1 of the model's layers over the "
+                 "prompt)")
+      ->check(whole_number(0, 1024))
+      ->capture_default_str();
 }
 
-inline RecomputeOptions recompute_options(const RecomputeFlags& flags) {
-  return RecomputeOptions{flags.fraction, parse_recompute_criterion(flags.criterion)};
+// --recompute when given; unset lets the schema's recompute attribute apply.
+inline std::optional<double> given_recompute(const RecomputeFlags& flags) {
+  if (flags.fraction_option != nullptr && flags.fraction_option->count() > 0) {
+    return flags.fraction;
+  }
+  return std::nullopt;
+}
+
+// The share a prompt of a schema with `schema_default` (its recompute attribute) runs with.
+inline RecomputeOptions recompute_options(const RecomputeFlags& flags,
+                                          std::optional<double> schema_default = std::nullopt) {
+  return RecomputeOptions{given_recompute(flags).value_or(schema_default.value_or(0)),
+                          parse_recompute_criterion(flags.criterion), flags.select_layer};
 }
 
 }  // namespace promptcache::cli

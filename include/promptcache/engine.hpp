@@ -26,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <vector>
@@ -66,9 +67,12 @@ struct RequestOptions {
   bool in_place = true;
   // The share r in [0, 1] of the cached tokens whose states are recomputed in the prompt's full
   // context, chosen by recompute_criterion (promptcache/recompute.hpp, docs/fidelity.md): 0 is
-  // plain Prompt Cache, 1 the no-cache result. Single prompts only (generate_batch refuses it).
-  double recompute = 0;
+  // plain Prompt Cache, 1 the no-cache result. Unset: the schema's recompute attribute, else 0.
+  // Single prompts only: generate_batch refuses a value other than 0 here and runs a schema's
+  // default as 0 (Response::recomputed_tokens says so).
+  std::optional<double> recompute;
   RecomputeCriterion recompute_criterion = RecomputeCriterion::kDeviation;
+  int64_t recompute_select_layer = 1;  // RecomputeOptions::select_layer (kDeviation)
 };
 
 struct ResponseTimings {

@@ -34,6 +34,11 @@ struct PromptFidelity {
   double baseline_logprob = 0;
   double cached_ttft_ms = 0;    // assembly + (recompute +) fresh prefill
   double baseline_ttft_ms = 0;  // the no-cache prefill
+  // How close a call the no-cache run made where the two diverge: its log-probability of its
+  // own greedy token minus that of its runner-up (nats) at the first differing step; -1 when
+  // the continuations agree. A small margin is a near-tie that any drift may flip.
+  double divergence_margin = -1;
+  double first_token_margin = 0;  // the same margin at the first generated token
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;
   int64_t recomputed_tokens = 0;
@@ -51,6 +56,10 @@ struct FidelitySummary {
   double cached_ttft_ms = 0;                   // means
   double baseline_ttft_ms = 0;
   double recomputed_share = 0;  // recomputed / cached tokens over all prompts
+  // Over the prompts whose continuations diverge: the median no-cache margin at the divergence
+  // (nats; 0 when none diverge) and the share of them under 0.5 nats (near-ties).
+  double median_divergence_margin = 0;
+  double near_tie_divergences = 0;
 };
 
 PromptFidelity measure_fidelity(const Engine& engine, const pml::Prompt& prompt,

@@ -11,6 +11,9 @@
 //   3. those tokens and the fresh tokens run through the model together, each attending causally
 //      by position to every earlier token: stored states for the slots not chosen, recomputed
 //      ones for the chosen; every chosen slot's K/V in the request's buffer is overwritten.
+//      After the deviation criterion's pass (layers 0..select_layer over every token) they start
+//      at the next layer from the pass's hidden states, and the pass's K/V of its layers replace
+//      every slot's (exact there).
 // r = 1 recomputes every token and so equals the no-cache prefill (float rounding aside);
 // r = 0 is plain Prompt Cache (nothing here runs). The store's states are never written: a
 // slot read in place from the store is copied into the buffer before it changes.
@@ -28,8 +31,9 @@
 namespace promptcache {
 
 enum class RecomputeCriterion {
-  // CacheBlend's: the slots whose layer-1 K/V deviate most from a full-context pass of the
-  // first two layers over the whole prompt (costs those two layers over every token).
+  // CacheBlend's: the slots whose K/V on RecomputeOptions::select_layer (default 1) deviate
+  // most from a full-context pass of layers 0..select_layer over the whole prompt (costs those
+  // layers over every token; the chosen tokens then skip them).
   kDeviation,
   // The slots right after a gap: the first tokens of every run of contiguous positions that
   // does not start the schema, taken round-robin (offset 0 of every run, then 1, ...). Free.
@@ -46,6 +50,10 @@ std::string recompute_criterion_name(RecomputeCriterion criterion);
 struct RecomputeOptions {
   double fraction = 0;  // r in [0, 1]: the share of the cached tokens recomputed
   RecomputeCriterion criterion = RecomputeCriterion::kDeviation;
+  // kDeviation: the layer whose K/V deviation ranks the cached tokens (clamped to the model's
+  // last layer). The pass runs layers [0, select_layer] over every token and keeps their K/V
+  // for all of them (they are exact); the chosen tokens are recomputed from the next layer on.
+  int64_t select_layer = 1;
 };
 
 // Error(kInvalidArgument) unless 0 <= fraction <= 1 (`what` names the option).
@@ -57,7 +65,13 @@ int64_t recompute_count(double fraction, int64_t cached);
 
 struct RecomputeReport {
   int64_t recomputed_tokens = 0;
-  double select_ms = 0;  // choosing the slots (the deviation pass)
+  // Where the time went (wall ms; on an accelerator the forward's work may land in a later
+  // phase, which synchronizes): moving the slots to the baseline positions, choosing them (the
+  // deviation pass), the recompute forward, and putting the new states in their slots.
+  double move_ms = 0;
+  double select_ms = 0;
+  double forward_ms = 0;
+  double finish_ms = 0;
 };
 
 // Runs after the assembler filled `cache` with the prompt's cached slots [0,
@@ -76,6 +90,6 @@ torch::Tensor recompute_prefill(const LlamaModel& model, const pml::ResolvedProm
 std::vector<int64_t> choose_recompute_slots(const LlamaModel& model,
                                             const pml::ResolvedPrompt& resolved,
                                             const AssembledPrompt& assembled, KVCache& cache,
-                                            int64_t count, RecomputeCriterion criterion);
+                                            int64_t count, const RecomputeOptions& options);
 
 }  // namespace promptcache

@@ -396,9 +396,11 @@ Response Engine::generate(const pml::Prompt& prompt, const SamplingParams& param
       decode_room(params.max_new_tokens, model_->config().max_position_embeddings);
   BufferLease buffer(*this, take_buffer(*schema, resolved), false);
   KVCache& cache = buffer->cache;
-  Prefill pre = prefill_with(schema.get(), resolved, cache, request.use_cache, extra,
-                             AssembleOptions{request.reuse_buffer, request.in_place},
-                             RecomputeOptions{request.recompute, request.recompute_criterion});
+  Prefill pre = prefill_with(
+      schema.get(), resolved, cache, request.use_cache, extra,
+      AssembleOptions{request.reuse_buffer, request.in_place},
+      RecomputeOptions{request.recompute.value_or(schema->layout.recompute.value_or(0)),
+                       request.recompute_criterion, request.recompute_select_layer});
   buffer->schema = request.use_cache ? resolved.schema : "";
   buffer->entry = request.use_cache ? schema.get() : nullptr;
   GenerationTimings gt;
@@ -511,7 +513,7 @@ std::vector<Response> Engine::generate_batch(const std::vector<pml::Prompt>& pro
   const double start = now_ms();
   if (prompts.empty()) return {};
   params.validate();
-  if (request.recompute != 0) {
+  if (request.recompute.value_or(0) != 0) {
     throw Error(ErrorKind::kInvalidArgument,
                 "recompute applies to single prompts; generate_batch takes recompute = 0");
   }

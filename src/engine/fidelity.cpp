@@ -28,13 +28,21 @@ torch::Tensor step(const LlamaModel& model, KVCache& cache, TokenId token) {
       .reshape({-1});
 }
 
+// log p(top-1) - log p(top-2) of one logit vector, nats.
+double top_margin(const torch::Tensor& logits) {
+  auto top = std::get<0>(torch::topk(torch::log_softmax(logits.to(torch::kFloat64), -1), 2));
+  return (top[0] - top[1]).item<double>();
+}
+
 // Up to `count` greedy tokens from `logits`; the stream ends after an end-of-turn token.
+// `margins`, when given, receives top_margin of every step.
 std::vector<TokenId> greedy(const Engine& engine, KVCache& cache, torch::Tensor logits,
-                            int64_t count) {
+                            int64_t count, std::vector<double>* margins = nullptr) {
   const auto stops = engine.tokenizer().end_of_turn_ids();
   std::vector<TokenId> out;
   for (int64_t i = 0; i < count; ++i) {
     const auto token = static_cast<TokenId>(top_token(logits));
+    if (margins != nullptr) margins->push_back(top_margin(logits));
     out.push_back(token);
     if (std::find(stops.begin(), stops.end(), token) != stops.end() || i + 1 == count) break;
     logits = step(engine.model(), cache, token);
@@ -108,7 +116,9 @@ PromptFidelity measure_fidelity(const Engine& engine, const pml::Prompt& prompt,
   f.first_token_kl = logits_kl(base.first_logits, cached.first_logits);
   f.first_token_agrees = top_token(base.first_logits) == top_token(cached.first_logits);
   const int64_t base_length = base.cache.length(), cached_length = cached.cache.length();
-  f.baseline_continuation = greedy(engine, base.cache, base.first_logits, options.tokens);
+  std::vector<double> margins;
+  f.baseline_continuation = greedy(engine, base.cache, base.first_logits, options.tokens, &margins);
+  f.first_token_margin = margins.front();
   f.cached_continuation = greedy(engine, cached.cache, cached.first_logits, options.tokens);
   f.compared_tokens = static_cast<int64_t>(f.baseline_continuation.size());
   const auto& a = f.baseline_continuation;
@@ -118,6 +128,11 @@ PromptFidelity measure_fidelity(const Engine& engine, const pml::Prompt& prompt,
     ++f.agreed_tokens;
   }
   f.exact = a == b;
+  if (!f.exact) {
+    const auto at =
+        std::min<std::size_t>(static_cast<std::size_t>(f.agreed_tokens), margins.size() - 1);
+    f.divergence_margin = margins[at];
+  }
   base.cache.truncate(base_length);
   cached.cache.truncate(cached_length);
   f.baseline_logprob = continuation_logprob(engine.model(), base.cache, base.first_logits, a);
@@ -151,6 +166,19 @@ FidelitySummary summarize_fidelity(const std::vector<PromptFidelity>& results) {
     *v /= n;
   }
   s.recomputed_share = cached > 0 ? static_cast<double>(recomputed) / cached : 0;
+  std::vector<double> diverged;
+  for (const auto& f : results) {
+    if (!f.exact) diverged.push_back(f.divergence_margin);
+  }
+  if (!diverged.empty()) {
+    std::sort(diverged.begin(), diverged.end());
+    const std::size_t mid = diverged.size() / 2;
+    s.median_divergence_margin =
+        diverged.size() % 2 == 1 ? diverged[mid] : (diverged[mid - 1] + diverged[mid]) / 2;
+    s.near_tie_divergences = static_cast<double>(std::count_if(diverged.begin(), diverged.end(),
+                                                               [](double m) { return m < 0.5; })) /
+                             static_cast<double>(diverged.size());
+  }
   return s;
 }
 

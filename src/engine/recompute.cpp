@@ -92,19 +92,29 @@ void move_to_baseline(const LlamaModel& model, KVCache& cache, const std::vector
   cache.forget_sources();
 }
 
-// CacheBlend's criterion: per cached slot, the squared distance between its layer-1 K/V and
-// those of a causal pass of the first two layers over the whole baseline.
-std::vector<double> deviation_scores(const LlamaModel& model, const pml::ResolvedPrompt& resolved,
-                                     const BaselineMap& map, const KVCache& cache) {
+// CacheBlend's selection pass: a causal forward of layers [0, select_layer] over the whole
+// baseline, in a cache of its own. Per cached slot, the squared distance between its K/V on
+// select_layer there and the stored ones ranks it; the pass's K/V of those layers are exact for
+// every token and its hidden states let the recompute start after them.
+struct DeviationPass {
+  KVCache scratch;       // layers [0, layers) of every baseline token, at positions 0..n-1
+  torch::Tensor hidden;  // [1, n, hidden]: every token's hidden state entering layer `layers`
+  int64_t layers = 0;
+  std::vector<double> score;  // per cached slot
+};
+
+DeviationPass deviation_pass(const LlamaModel& model, const pml::ResolvedPrompt& resolved,
+                             const BaselineMap& map, const KVCache& cache, int64_t select_layer) {
   const auto n = static_cast<int64_t>(resolved.baseline.size());
-  const int64_t layers = std::min<int64_t>(2, model.config().num_hidden_layers);
-  const int64_t layer = layers - 1;
-  KVCache scratch = model.make_cache(n);
+  DeviationPass pass;
+  pass.layers = std::clamp<int64_t>(select_layer + 1, 1, model.config().num_hidden_layers);
+  const int64_t layer = pass.layers - 1;
+  pass.scratch = model.make_cache(n);
   std::vector<int64_t> ids(resolved.baseline.begin(), resolved.baseline.end());
   ForwardOptions options;
-  options.layers = layers;
-  model.forward(torch::tensor(ids, torch::kInt64).unsqueeze(0),
-                torch::arange(n, torch::kInt64).unsqueeze(0), scratch, options);
+  options.layers = pass.layers;
+  pass.hidden = model.forward(torch::tensor(ids, torch::kInt64).unsqueeze(0),
+                              torch::arange(n, torch::kInt64).unsqueeze(0), pass.scratch, options);
   const auto cached = static_cast<int64_t>(map.cached_position.size());
   auto index = torch::tensor(map.cached_position, torch::kInt64).to(model.device());
   auto diff = [&](const torch::Tensor& full, const torch::Tensor& stored) {
@@ -112,11 +122,12 @@ std::vector<double> deviation_scores(const LlamaModel& model, const pml::Resolve
     auto d = full.index_select(2, index).to(torch::kFloat32) - stored.to(torch::kFloat32);
     return d.pow(2).sum({0, 1, 3});
   };
-  auto score = diff(scratch.key_slots(layer, 0, n), cache.key_slots(layer, 0, cached)) +
-               diff(scratch.value_slots(layer, 0, n), cache.value_slots(layer, 0, cached));
+  auto score = diff(pass.scratch.key_slots(layer, 0, n), cache.key_slots(layer, 0, cached)) +
+               diff(pass.scratch.value_slots(layer, 0, n), cache.value_slots(layer, 0, cached));
   score = score.to(torch::kCPU, torch::kFloat64).contiguous();
   const double* p = score.data_ptr<double>();
-  return std::vector<double>(p, p + cached);
+  pass.score.assign(p, p + cached);
+  return pass;
 }
 
 // The boundary criterion: a run starts at every stored block and wherever the reserved
@@ -152,10 +163,11 @@ std::vector<int64_t> top_slots(const std::vector<double>& score, int64_t count) 
   return order;
 }
 
+// The chosen slots, in slot order; `pass` receives the deviation pass when one ran.
 std::vector<int64_t> choose(const LlamaModel& model, const pml::ResolvedPrompt& resolved,
                             const BaselineMap& map, KVCache& cache,
                             const std::vector<int64_t>& reserved, int64_t count,
-                            RecomputeCriterion criterion) {
+                            const RecomputeOptions& options, DeviationPass* pass) {
   const auto cached = static_cast<int64_t>(map.cached_position.size());
   if (count <= 0) return {};
   if (count >= cached) {
@@ -163,13 +175,38 @@ std::vector<int64_t> choose(const LlamaModel& model, const pml::ResolvedPrompt& 
     std::iota(all.begin(), all.end(), int64_t{0});
     return all;
   }
-  if (criterion == RecomputeCriterion::kBoundary) {
+  if (options.criterion == RecomputeCriterion::kBoundary) {
     return top_slots(boundary_scores(cache, reserved), count);
   }
-  if (criterion == RecomputeCriterion::kRecent) {
+  if (options.criterion == RecomputeCriterion::kRecent) {
     return top_slots(std::vector<double>(reserved.begin(), reserved.end()), count);
   }
-  return top_slots(deviation_scores(model, resolved, map, cache), count);
+  DeviationPass local = deviation_pass(model, resolved, map, cache, options.select_layer);
+  auto slots = top_slots(local.score, count);
+  if (pass != nullptr) *pass = std::move(local);
+  return slots;
+}
+
+// Moves the prompt to its baseline positions and chooses the slots (the boundary and recent
+// criteria read the provenance tags and reserved positions, which the move replaces; the
+// deviation pass compares with the moved keys).
+std::vector<int64_t> move_and_choose(const LlamaModel& model, const pml::ResolvedPrompt& resolved,
+                                     const BaselineMap& map, KVCache& cache, int64_t count,
+                                     const RecomputeOptions& options, DeviationPass* pass,
+                                     double* move_ms = nullptr) {
+  const std::vector<int64_t> reserved = cache.positions();
+  auto move = [&] {
+    const double start = now_ms();
+    move_to_baseline(model, cache, map.cached_position);
+    if (move_ms != nullptr) *move_ms = now_ms() - start;
+  };
+  if (options.criterion != RecomputeCriterion::kDeviation) {
+    auto slots = choose(model, resolved, map, cache, reserved, count, options, pass);
+    move();
+    return slots;
+  }
+  move();
+  return choose(model, resolved, map, cache, reserved, count, options, pass);
 }
 
 }  // namespace
@@ -211,30 +248,27 @@ int64_t recompute_count(double fraction, int64_t cached) {
 std::vector<int64_t> choose_recompute_slots(const LlamaModel& model,
                                             const pml::ResolvedPrompt& resolved,
                                             const AssembledPrompt& assembled, KVCache& cache,
-                                            int64_t count, RecomputeCriterion criterion) {
+                                            int64_t count, const RecomputeOptions& options) {
   const BaselineMap map = map_to_baseline(resolved, assembled, cache);
-  const std::vector<int64_t> reserved = cache.positions();
-  // The boundary and recent criteria read the provenance tags and reserved positions, which
-  // moving the slots replaces.
-  if (criterion != RecomputeCriterion::kDeviation) {
-    auto slots = choose(model, resolved, map, cache, reserved, count, criterion);
-    move_to_baseline(model, cache, map.cached_position);
-    return slots;
-  }
-  move_to_baseline(model, cache, map.cached_position);
-  return choose(model, resolved, map, cache, reserved, count, criterion);
+  return move_and_choose(model, resolved, map, cache, count, options, nullptr);
 }
 
 torch::Tensor recompute_prefill(const LlamaModel& model, const pml::ResolvedPrompt& resolved,
                                 const AssembledPrompt& assembled, KVCache& cache,
                                 const RecomputeOptions& options, RecomputeReport* report) {
+  if (options.select_layer < 0) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "recompute: select_layer must be a layer index (>= 0), got " +
+                    std::to_string(options.select_layer));
+  }
   const int64_t cached = assembled.cached_tokens;
   const double select_start = now_ms();
   const BaselineMap map = map_to_baseline(resolved, assembled, cache);
-  const std::vector<int64_t> chosen =
-      choose_recompute_slots(model, resolved, assembled, cache,
-                             recompute_count(options.fraction, cached), options.criterion);
-  std::vector<int64_t> selected = chosen;
+  DeviationPass pass;
+  double move_ms = 0;
+  std::vector<int64_t> selected =
+      move_and_choose(model, resolved, map, cache, recompute_count(options.fraction, cached),
+                      options, &pass, &move_ms);
   // The logits come after the prompt's last token: when that is a cached slot (a prompt whose
   // fresh tokens are all arguments), it runs too.
   const int64_t last = static_cast<int64_t>(resolved.baseline.size()) - 1;
@@ -244,7 +278,7 @@ torch::Tensor recompute_prefill(const LlamaModel& model, const pml::ResolvedProm
       selected.insert(std::upper_bound(selected.begin(), selected.end(), s), s);
     }
   }
-  const double select_ms = now_ms() - select_start;
+  const double select_ms = now_ms() - select_start - move_ms;
   // The new tokens in baseline order: the chosen slots and the fresh tokens. Each sees, by
   // position, the earlier slots not chosen and the earlier (and its own) new tokens; the chosen
   // slots' stale states are hidden from all of them.
@@ -274,8 +308,18 @@ torch::Tensor recompute_prefill(const LlamaModel& model, const pml::ResolvedProm
   cache.reserve(cached + m);
   ForwardOptions forward;
   forward.attention_mask = mask;
+  // After a deviation pass the new tokens start where it stopped, from its hidden states: the
+  // layers it ran are exact for every token already.
+  const int64_t first = pass.layers;
+  const int64_t later = model.config().num_hidden_layers - first;
+  if (first > 0) {
+    forward.first_layer = first;
+    forward.hidden = pass.hidden.index_select(1, query.to(pass.hidden.device()));
+  }
+  const double forward_start = now_ms();
   auto logits = model.forward(torch::tensor(ids, torch::kInt64).unsqueeze(0), query.unsqueeze(0),
                               cache, forward);
+  const double finish_start = now_ms();
   // The chosen slots take their recomputed states; the fresh tokens' move down to follow the
   // cached slots (a slot only ever moves down, so none is read after it was overwritten).
   std::vector<int64_t> fresh_positions;
@@ -283,7 +327,11 @@ torch::Tensor recompute_prefill(const LlamaModel& model, const pml::ResolvedProm
   for (int64_t j = 0; j < m; ++j) {
     const NewToken& t = tokens[j];
     if (t.slot >= 0) {
-      cache.all_slots(t.slot, 1).copy_(cache.all_slots(cached + j, 1));
+      if (later > 0) {
+        cache.all_slots(t.slot, 1)
+            .narrow(0, first, later)
+            .copy_(cache.all_slots(cached + j, 1).narrow(0, first, later));
+      }
     } else {
       if (next_fresh != cached + j) {
         cache.all_slots(next_fresh, 1).copy_(cache.all_slots(cached + j, 1));
@@ -294,9 +342,25 @@ torch::Tensor recompute_prefill(const LlamaModel& model, const pml::ResolvedProm
   }
   cache.truncate(next_fresh);
   cache.set_row_positions(0, cached, fresh_positions);
+  if (first > 0) {
+    // The pass's layers, for every slot in its final place (cached slots, then fresh ones).
+    std::vector<int64_t> order = map.cached_position;
+    order.insert(order.end(), fresh_positions.begin(), fresh_positions.end());
+    auto index = torch::tensor(order, torch::kInt64).to(model.device());
+    const auto n = static_cast<int64_t>(resolved.baseline.size());
+    for (int64_t l = 0; l < first; ++l) {
+      cache.key_slots(l, 0, next_fresh)
+          .copy_(pass.scratch.key_slots(l, 0, n).index_select(2, index));
+      cache.value_slots(l, 0, next_fresh)
+          .copy_(pass.scratch.value_slots(l, 0, n).index_select(2, index));
+    }
+  }
   if (report != nullptr) {
     report->recomputed_tokens = static_cast<int64_t>(selected.size());
+    report->move_ms = move_ms;
     report->select_ms = select_ms;
+    report->forward_ms = finish_start - forward_start;
+    report->finish_ms = now_ms() - finish_start;
   }
   return logits.reshape({-1});
 }

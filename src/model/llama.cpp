@@ -633,9 +633,25 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
     auto rows = torch::arange(n, torch::TensorOptions().device(options_.device)).unsqueeze(1);
     mask = cols.unsqueeze(0) <= rows + past;
   }
-  auto embedded = embed_.index_select(0, ids.reshape({-1}));
-  if (is_q8(embed_)) embedded = dequantize_q8(embedded, config_.hidden_size);
-  auto x = embedded.view({b, n, config_.hidden_size}).to(options_.dtype);
+  const auto first_layer = static_cast<std::size_t>(options.first_layer);
+  torch::Tensor x;
+  if (options.first_layer != 0) {
+    const auto& h = options.hidden;
+    if (options.first_layer < 0 || first_layer > layers_.size() || !h.defined() || h.dim() != 3 ||
+        h.size(0) != b || h.size(1) != n || h.size(2) != config_.hidden_size) {
+      throw Error(ErrorKind::kInvalidArgument,
+                  "forward: first_layer " + std::to_string(options.first_layer) +
+                      " needs hidden states [" + std::to_string(b) + ", " + std::to_string(n) +
+                      ", " + std::to_string(config_.hidden_size) + "] and at most " +
+                      std::to_string(layers_.size()) + " layers");
+    }
+    // A copy: the layers update x in place.
+    x = h.to(options_.device, options_.dtype).clone();
+  } else {
+    auto embedded = embed_.index_select(0, ids.reshape({-1}));
+    if (is_q8(embed_)) embedded = dequantize_q8(embedded, config_.hidden_size);
+    x = embedded.view({b, n, config_.hidden_size}).to(options_.dtype);
+  }
   LayerInputs in;
   // A few rows on the CPU take the fused elementwise steps (promptcache/model/cpu_ops.hpp).
   in.small_ops = !sdpa_ && cpu_small_ops_apply(x);
@@ -663,7 +679,7 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
   const std::size_t run_layers =
       options.layers > 0 ? std::min(layers_.size(), static_cast<std::size_t>(options.layers))
                          : layers_.size();
-  for (std::size_t i = 0; i < run_layers; ++i) {
+  for (std::size_t i = first_layer; i < run_layers; ++i) {
     const Layer& layer = layers_[i];
     x.add_(attention(layer, static_cast<int64_t>(i), norm(x, layer.input_norm), cache,
                      layer.sliding ? in_window : in));
@@ -680,7 +696,7 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
   cache.commit(row_positions(0));
   // Rows of a batch may hold other positions (the sliding window reads them).
   for (int64_t r = 1; r < rows.size(0); ++r) cache.set_row_positions(r, past, row_positions(r));
-  if (run_layers < layers_.size()) return x;
+  if (options.layers > 0) return x;  // hidden states, even when every layer ran
   if (!options.all_logits) x = x.narrow(1, n - 1, 1);
   x = norm(x, final_norm_);
   return linear_layer(x, lm_head_).to(torch::kFloat32);

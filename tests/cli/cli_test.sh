@@ -350,6 +350,15 @@ assert s["summary"] and s["prompts"] == 1 and s["first_token_agreement"] == 1.0,
     "$pc" run --model "$work/tiny" --schema "$src/schemas/trip.xml" --prompt "$src/schemas/trip.prompt.xml" \
       --recompute 0.2 --recompute-criterion boundary -n 2 --json >"$work/r.json" 2>"$work/r.err" || fail "run --recompute: $(cat "$work/r.err")"
     python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["recomputed_tokens"] > 0 and len(j["token_ids"]) == 2, j' "$work/r.json" || fail "bad run --recompute result"
+    # A schema's recompute attribute is the default; --recompute 0 overrides it.
+    sed 's/<schema name="\([^"]*\)"/<schema name="\1" recompute="1"/' "$src/schemas/trip.xml" >"$work/trip-r.xml"
+    grep -q 'recompute="1"' "$work/trip-r.xml" || fail "could not add the recompute attribute"
+    "$pc" run --model "$work/tiny" --schema "$work/trip-r.xml" --prompt "$src/schemas/trip.prompt.xml" \
+      -n 1 --json >"$work/d.json" 2>"$work/d.err" || fail "run with a schema default: $(cat "$work/d.err")"
+    python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["recomputed_tokens"] == j["cached_tokens"] > 0, j' "$work/d.json" || fail "the schema default did not apply: $(cat "$work/d.json")"
+    "$pc" run --model "$work/tiny" --schema "$work/trip-r.xml" --prompt "$src/schemas/trip.prompt.xml" \
+      --recompute 0 -n 1 --json >"$work/z.json" 2>"$work/z.err" || fail "run --recompute 0: $(cat "$work/z.err")"
+    python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["recomputed_tokens"] == 0, j' "$work/z.json" || fail "--recompute 0 did not override: $(cat "$work/z.json")"
     ;;
   *) fail "unknown case" ;;
 esac

@@ -134,6 +134,67 @@ TEST_CASE("a gap prompt drifts at r = 0 and r = 1 equals the no-cache logits", "
   }
 }
 
+TEST_CASE(
+    "the deviation pass keeps exact layers for every token and through all layers is no cache",
+    "[fidelity]") {
+  auto engine = test::tiny_engine(6);
+  engine->add_schema_string(kStory);
+  const auto resolved = engine->resolve(pml::parse_prompt_string(kGapPrompt));
+  KVCache plain = engine->model().make_cache(0);
+  const auto base = engine->prefill(resolved, plain, false);
+  const int64_t layers = engine->model().config().num_hidden_layers;
+  for (int64_t select_layer : {int64_t{1}, layers - 1}) {
+    INFO("select_layer " << select_layer);
+    KVCache cache = engine->model().make_cache(0);
+    const auto out =
+        engine->prefill(resolved, cache, true, 0, AssembleOptions{false, true},
+                        RecomputeOptions{0.3, RecomputeCriterion::kDeviation, select_layer});
+    REQUIRE(out.recomputed_tokens > 0);
+    REQUIRE(out.recomputed_tokens < out.assembled.cached_tokens);
+    // Slot s of `cache` holds baseline position positions()[s]: compare by position.
+    REQUIRE(cache.length() == plain.length());
+    auto index = torch::tensor(cache.positions(), torch::kInt64);
+    auto layer_diff = [&](int64_t l) {
+      auto keys = torch::empty_like(cache.keys(l)), values = torch::empty_like(cache.values(l));
+      keys.index_copy_(2, index, cache.keys(l));
+      values.index_copy_(2, index, cache.values(l));
+      return std::max((keys - plain.keys(l)).abs().max().item<double>(),
+                      (values - plain.values(l)).abs().max().item<double>());
+    };
+    for (int64_t l = 0; l <= select_layer; ++l) CHECK(layer_diff(l) <= 1e-4);
+    const double logit_diff = (out.logits - base.logits).abs().max().item<double>();
+    if (select_layer == layers - 1) {
+      CHECK(logit_diff <= 1e-4);  // every layer came from the full pass
+    } else {
+      CHECK(layer_diff(layers - 1) > 1e-4);  // the stale slots' later layers were kept
+      CHECK(logit_diff > 1e-6);
+    }
+  }
+}
+
+TEST_CASE("a schema's recompute attribute is the default share and a request overrides it",
+          "[fidelity]") {
+  auto engine = test::tiny_engine(6);
+  std::string schema = kStory;
+  schema.replace(0, std::string(R"(<schema name="story">)").size(),
+                 R"(<schema name="story" recompute="0.5">)");
+  engine->add_schema_string(schema);
+  SamplingParams one;
+  one.max_new_tokens = 1;
+  const auto by_default = engine->generate_xml(kGapPrompt, one);
+  CHECK(by_default.recomputed_tokens == recompute_count(0.5, by_default.cached_tokens));
+  RequestOptions request;
+  request.recompute = 0;
+  CHECK(engine->generate_xml(kGapPrompt, one, {}, request).recomputed_tokens == 0);
+  request.recompute = 1;
+  const auto all = engine->generate_xml(kGapPrompt, one, {}, request);
+  CHECK(all.recomputed_tokens == all.cached_tokens);
+  // Batches run plain Prompt Cache: the schema's default is not an error there.
+  const auto batch = engine->generate_batch({pml::parse_prompt_string(kGapPrompt)}, one);
+  REQUIRE(batch.size() == 1);
+  CHECK(batch[0].recomputed_tokens == 0);
+}
+
 TEST_CASE("recompute never writes the stored states", "[fidelity]") {
   auto engine = test::tiny_engine(4);
   engine->add_schema_string(kStory);
@@ -186,8 +247,8 @@ TEST_CASE("recompute criteria choose slots deterministically", "[fidelity]") {
       const auto assembled = Assembler().assemble(resolved, layout, engine->store(), cache, 0,
                                                   AssembleOptions{false, run == 0});
       cached = assembled.cached_tokens;
-      picks.push_back(
-          choose_recompute_slots(engine->model(), resolved, assembled, cache, 5, criterion));
+      picks.push_back(choose_recompute_slots(engine->model(), resolved, assembled, cache, 5,
+                                             RecomputeOptions{0, criterion}));
       // The cache now holds the baseline positions of the cached tokens.
       for (int64_t p : cache.positions()) CHECK(p < static_cast<int64_t>(resolved.baseline.size()));
     }
@@ -222,6 +283,9 @@ TEST_CASE("recompute fractions are checked", "[fidelity]") {
   CHECK_THROWS_AS(engine->generate_batch({pml::parse_prompt_string(kGapPrompt)}, {}, {}, request),
                   Error);
   request.recompute = 2;
+  CHECK_THROWS_AS(engine->generate_xml(kGapPrompt, {}, {}, request), Error);
+  request.recompute = 0.5;
+  request.recompute_select_layer = -1;
   CHECK_THROWS_AS(engine->generate_xml(kGapPrompt, {}, {}, request), Error);
 }
 

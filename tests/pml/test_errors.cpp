@@ -139,6 +139,21 @@ TEST_CASE("errors: bad schemas", "[pml][errors]") {
        "<schema name=\"s\">\n  <module name=\"m\">\n    <schema name=\"t\">x</schema>\n  "
        "</module>\n</schema>",
        ErrorKind::kSchema, 3, "<schema name=\"t\">"},
+      {"recompute not a number", "<schema name=\"s\"\n recompute=\"some\">x</schema>",
+       ErrorKind::kSchema, 1, "<schema name=\"s\">"},
+      {"recompute above 1", "\n<schema name=\"s\" recompute=\"1.5\">x</schema>", ErrorKind::kSchema,
+       2, "recompute=\"1.5\""},
+      {"recompute below 0", "<schema name=\"s\" recompute=\"-0.1\">x</schema>", ErrorKind::kSchema,
+       1, "must be a number in [0, 1]"},
+      {"recompute with trailing text", "<schema name=\"s\" recompute=\"0.1x\">x</schema>",
+       ErrorKind::kSchema, 1, "<schema name=\"s\">"},
+      {"recompute NaN", "<schema name=\"s\" recompute=\"nan\">x</schema>", ErrorKind::kSchema, 1,
+       "recompute=\"nan\""},
+      {"recompute empty", "<schema name=\"s\" recompute=\"\">x</schema>", ErrorKind::kSchema, 1,
+       "<schema name=\"s\">"},
+      {"recompute on a module",
+       "<schema name=\"s\">\n  <module name=\"m\" recompute=\"0.1\">M</module>\n</schema>",
+       ErrorKind::kSchema, 2, "unknown attribute 'recompute'"},
   };
   CHECK(cases.size() >= 20);
   for (const BadInput& c : cases) {

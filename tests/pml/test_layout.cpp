@@ -57,3 +57,19 @@ TEST_CASE("layout: golden offsets with nested modules, union and parameter", "[p
   CHECK(l.total_length == 17);
   CHECK(l.root().end == 17);
 }
+
+TEST_CASE("schema: recompute attribute is the schema's default share and its layout carries it",
+          "[pml][layout]") {
+  FakeTokenizer tok;
+  const Schema with = parse_schema_string(R"(<schema name="r" recompute="0.25">R</schema>)");
+  REQUIRE(with.recompute.has_value());
+  CHECK(*with.recompute == 0.25);
+  const Layout l = layout(with, tok, plain_template());
+  REQUIRE(l.recompute.has_value());
+  CHECK(*l.recompute == 0.25);
+  CHECK(*parse_schema_string(R"(<schema name="r" recompute="0">R</schema>)").recompute == 0);
+  CHECK(*parse_schema_string(R"(<schema name="r" recompute="1">R</schema>)").recompute == 1);
+  const Schema without = parse_schema_string(R"(<schema name="r">R</schema>)");
+  CHECK_FALSE(without.recompute.has_value());
+  CHECK_FALSE(layout(without, tok, plain_template()).recompute.has_value());
+}

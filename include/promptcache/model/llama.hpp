@@ -71,9 +71,17 @@ struct ForwardOptions {
   // Undefined = every cached slot plus the new tokens causally (ordinary incremental decoding).
   torch::Tensor attention_mask;
   // Run only the first `layers` layers (> 0; 0 = all) and return their output hidden states
-  // [batch, n, hidden] (the model's dtype) instead of logits. The later layers' slots of the new
+  // [batch, n, hidden] (the model's dtype) instead of logits (also when `layers` reaches the
+  // last layer: the states before the final norm). The later layers' slots of the new
   // tokens are left unwritten: for a cache used for nothing else (recompute.hpp's deviation pass).
   int64_t layers = 0;
+  // Start at layer `first_layer` (> 0) from `hidden` [batch, n, hidden_size], the new tokens'
+  // hidden states entering that layer, instead of embedding token_ids (which must still be
+  // given). The earlier layers' slots of the new tokens are left unwritten: the caller fills
+  // them (recompute.hpp, whose selection pass already computed them). first_layer may equal the
+  // number of layers: `hidden` then goes straight to the final norm and the logits.
+  int64_t first_layer = 0;
+  torch::Tensor hidden;
 };
 
 class LlamaModel {

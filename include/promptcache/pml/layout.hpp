@@ -149,8 +149,9 @@ class Layout {
   std::vector<Span> spans;            // document order (members of one union one after another)
   std::size_t total_length = 0;       // positions reserved by the whole schema (= root's end)
   bool has_bos = false;
-  std::size_t max_positions = 0;  // LayoutOptions::max_positions it was laid out for (0: none)
-  std::vector<Warning> warnings;  // the schema's (Schema::warnings)
+  std::size_t max_positions = 0;    // LayoutOptions::max_positions it was laid out for (0: none)
+  std::optional<double> recompute;  // the schema's recompute attribute (Schema::recompute)
+  std::vector<Warning> warnings;    // the schema's (Schema::warnings)
 
   const ModuleLayout& root() const { return modules.front(); }
 
@@ -258,6 +259,7 @@ class LayoutBuilder {
     out_.schema_name = schema.name;
     out_.chat_template = tmpl_;
     out_.max_positions = options_.max_positions;
+    out_.recompute = schema.recompute;
     out_.warnings = schema.warnings;
     lay_module(schema.root, kNoIndex, {});
     out_.total_length = out_.modules.front().end;

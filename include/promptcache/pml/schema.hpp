@@ -17,6 +17,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdlib>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -70,7 +72,10 @@ struct Node {
 struct Schema {
   std::string name;  // the <schema name>
   std::string file;  // origin: path or the name given to parse_schema_string
-  Node root;         // kModule named after the schema
+  // recompute="r": the share of cached tokens a prompt of this schema recomputes unless its
+  // request says otherwise (RequestOptions::recompute, docs/fidelity.md); unset = 0.
+  std::optional<double> recompute;
+  Node root;  // kModule named after the schema
   // What was accepted leniently ('<' and '&' read as text: lenient.hpp), one per line.
   std::vector<Warning> warnings;
 };
@@ -100,10 +105,11 @@ class SchemaParser {
                   "the top element must be <schema>, not <" + std::string(top.name()) + ">",
                   src_.at(top));
     }
-    check_attributes(top, {"name"});
+    check_attributes(top, {"name", "recompute"});
     Schema schema;
     schema.file = src_.origin();
     schema.name = required_name(top, "schema");
+    schema.recompute = recompute_attribute(top);
     schema.root.kind = NodeKind::kModule;
     schema.root.name = schema.name;
     schema.root.where = src_.at(top);
@@ -143,6 +149,23 @@ class SchemaParser {
                     src_.at(element));
       }
     }
+  }
+
+  // recompute="r" with r a number in [0, 1] (strtod over the whole value: no trailing text,
+  // and NaN or infinities fall outside the range).
+  std::optional<double> recompute_attribute(const pugi::xml_node& element) {
+    const pugi::xml_attribute attr = element.attribute("recompute");
+    if (!attr) return std::nullopt;
+    const std::string text = attr.value();
+    char* end = nullptr;
+    const double value = std::strtod(text.c_str(), &end);
+    if (text.empty() || end != text.c_str() + text.size() || !(value >= 0.0 && value <= 1.0)) {
+      throw Error(ErrorKind::kSchema,
+                  "recompute=\"" + text + "\" on <" + element.name() +
+                      "> must be a number in [0, 1] (the share of cached tokens recomputed)",
+                  src_.at(element));
+    }
+    return value;
   }
 
   std::string required_name(const pugi::xml_node& element, const char* what) {
