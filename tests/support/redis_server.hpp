@@ -4,6 +4,7 @@
 #pragma once
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -61,6 +62,11 @@ class RedisServer {
     const std::string port = std::to_string(port_);
     pid_ = ::fork();
     if (pid_ == 0) {
+      const int null = ::open("/dev/null", O_WRONLY);  // its start-up banner is noise here
+      if (null >= 0) {
+        ::dup2(null, 1);
+        ::dup2(null, 2);
+      }
       ::execl(binary.c_str(), binary.c_str(), "--port", port.c_str(), "--bind", "127.0.0.1",
               "--save", "", "--appendonly", "no", "--loglevel", "warning", nullptr);
       ::_exit(127);
