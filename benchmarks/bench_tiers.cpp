@@ -14,6 +14,7 @@
 //   build/benchmarks/bench_tiers [--mode load|serve] [--schema 4096] [--repeats 3]
 //                                [--redis redis://127.0.0.1:6379] [--shape bench-small]
 //                                [--documents 20] [--max-host-bytes 0] [--dir DIR]
+#include <malloc.h>
 #include <torch/types.h>
 
 #include <algorithm>
@@ -32,8 +33,11 @@ using namespace promptcache;
 
 namespace {
 
-// A /proc/self/status field in bytes ("VmRSS", "VmHWM").
+// A /proc/self/status field in bytes ("VmRSS", "VmHWM"). glibc keeps freed blocks of the
+// sizes states have in its heap (its mmap threshold grows as such blocks are freed): the heap is
+// trimmed first, so the resident size follows what is held, not what was once allocated.
 int64_t status_bytes(const std::string& field) {
+  ::malloc_trim(0);
   std::ifstream in("/proc/self/status");
   std::string line;
   while (std::getline(in, line)) {
