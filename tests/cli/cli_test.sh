@@ -378,6 +378,7 @@ PY
     port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
     "$redis" --port "$port" --bind 127.0.0.1 --save '' --appendonly no --loglevel warning >"$work/redis.log" 2>&1 &
     rpid=$!
+    disown "$rpid"  # killed at the end: no job notice
     trap 'kill -9 $rpid 2>/dev/null; rm -rf "$work"' EXIT
     for _ in $(seq 100); do python3 -c "import socket; socket.create_connection(('127.0.0.1',$port))" 2>/dev/null && break; sleep 0.1; done
     tiny
