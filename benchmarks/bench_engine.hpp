@@ -23,10 +23,10 @@ inline std::unique_ptr<Engine> synthetic_engine(const std::string& program,
                                                 const std::string& shape, const std::string& device,
                                                 const std::string& dtype,
                                                 const std::string& weights = "",
-                                                const std::string& kv_dtype = "") {
+                                                const std::string& kv_dtype = "",
+                                                EngineOptions options = {}) {
   const ModelConfig config = synthetic_config(shape);
   std::cerr << program << ": making " << shape << " model and tokenizer...\n";
-  EngineOptions options;
   options.chat_template = "plain";
   options.load.device = parse_device(device);
   options.load.dtype = parse_dtype(dtype);

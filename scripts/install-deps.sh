@@ -5,7 +5,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config ccache libtorch-dev libopenblas0-pthread libpugixml-dev
       libfmt-dev catch2 libsentencepiece-dev sentencepiece nlohmann-json3-dev libcli11-dev python3
-      libpcre2-dev libutf8proc-dev libxxhash-dev libcpp-httplib-dev
+      libpcre2-dev libutf8proc-dev libxxhash-dev libcpp-httplib-dev libhiredis-dev redis-server
       chromium)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -8,6 +8,7 @@
 
 #include "engine_setup.hpp"
 #include "promptcache/cache/cache_file.hpp"
+#include "tier_flags.hpp"
 
 namespace promptcache::cli {
 
@@ -25,6 +26,7 @@ Command register_compile(CLI::App& root) {
       "Examples:\n"
       "  promptcache compile schemas/trip.xml --model DIR --out trip.states\n"
       "  promptcache compile schemas/trip.xml --model DIR --cache-dir ~/.cache/promptcache\n"
+      "  promptcache compile schemas/trip.xml --model DIR --redis redis://127.0.0.1:6379\n"
       "A file that already matches the schema, model, dtypes and encoding is left as it is\n"
       "(--force compiles again); run, qa and serve take the same --cache-dir.");
   app->add_option("schema", o->schema, "schema XML file")->required()->check(CLI::ExistingFile);
@@ -34,13 +36,14 @@ Command register_compile(CLI::App& root) {
   app->add_flag("--force", o->force, "compile even when the file is up to date");
   app->add_flag("--json", o->json, "print one JSON object with what was done");
   return {app, [o]() {
-            if (o->out.empty() && o->engine.cache_dir.empty()) {
-              throw UsageError("compile: say where the states go: --out FILE or --cache-dir DIR");
+            if (o->out.empty() && o->engine.cache_dir.empty() && o->engine.redis.empty()) {
+              throw UsageError(
+                  "compile: say where the states go: --out FILE, --cache-dir DIR or --redis URL");
             }
             const auto schema = pml::parse_schema_file(o->schema);
             print_warnings(schema.warnings);
             auto engine = open_engine(o->model, o->engine);
-            const std::string file = states_file(*engine, schema, o->out, o->engine);
+            std::string file = states_file(*engine, schema, o->out, o->engine);
             if (o->force) {
               std::error_code ec;
               std::filesystem::remove(file, ec);
@@ -48,6 +51,7 @@ Command register_compile(CLI::App& root) {
             engine->add_schema(schema, o->json ? Engine::ProgressCallback() : progress_bar(), file);
             const CompileReport& r = engine->compile_report(schema.name);
             const bool loaded = r.source.rfind("loaded from", 0) == 0;
+            if (file.empty()) file = engine->tier_stats().remote;  // --redis alone
             if (o->json) {
               nlohmann::json j = {{"schema", schema.name},
                                   {"file", file},
@@ -55,7 +59,8 @@ Command register_compile(CLI::App& root) {
                                   {"source", r.source},
                                   {"tokens_stored", r.tokens_stored},
                                   {"bytes", r.bytes},
-                                  {"ms", r.ms}};
+                                  {"ms", r.ms},
+                                  {"tiers", tier_stats_json(engine->tier_stats())}};
               std::cout << j.dump() << "\n";
             } else if (loaded) {
               std::cout << fmt::format("{}: up to date ({} tokens, {:.1f} MB): {}\n", schema.name,

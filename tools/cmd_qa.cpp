@@ -8,6 +8,7 @@
 #include "docqa.hpp"
 #include "engine_setup.hpp"
 #include "recompute_flags.hpp"
+#include "tier_flags.hpp"
 
 namespace promptcache::cli {
 
@@ -21,6 +22,7 @@ Command register_qa(CLI::App& root) {
     std::vector<std::string> questions;
     std::string system = "Answer the question using only the documents given to you.";
     std::string cache_file;
+    bool stats = false;
   };
   auto o = std::make_shared<Options>();
   auto* app = root.add_subcommand(
@@ -40,6 +42,9 @@ Command register_qa(CLI::App& root) {
                   "answer this and exit (else: interactive); several are answered as one batch");
   app->add_option("--system", o->system, "system prompt")->capture_default_str();
   app->add_option("--cache", o->cache_file, "states file for the compiled documents");
+  app->add_flag("--stats", o->stats,
+                "after the answers, print the span tiers' stats (hits, misses, evictions, bytes "
+                "per tier) as one JSON line on stderr");
   return {app, [o]() {
             const auto docs = docqa::collect_documents(o->docs);
             auto engine = open_engine(o->model, o->engine);
@@ -75,6 +80,7 @@ Command register_qa(CLI::App& root) {
             };
             if (o->questions.size() == 1) {
               answer(o->questions[0]);
+              if (o->stats) print_tier_stats(*engine);
               return 0;
             }
             if (o->questions.size() > 1) {
@@ -92,6 +98,7 @@ Command register_qa(CLI::App& root) {
                     "[TTFT {:.1f} ms for the batch; {} cached + {} fresh tokens]\n",
                     answers[i].timings.ttft_ms, answers[i].cached_tokens, answers[i].fresh_tokens);
               }
+              if (o->stats) print_tier_stats(*engine);
               return 0;
             }
             std::cerr << "Ask a question (:use FILE... to pick documents, :docs, :quit).\n";
@@ -148,6 +155,7 @@ Command register_qa(CLI::App& root) {
                 std::cerr << "promptcache: " << e.what() << "\n";
               }
             }
+            if (o->stats) print_tier_stats(*engine);
             return 0;
           }};
 }

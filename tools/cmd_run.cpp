@@ -6,6 +6,7 @@
 
 #include "engine_setup.hpp"
 #include "recompute_flags.hpp"
+#include "tier_flags.hpp"
 
 namespace promptcache::cli {
 
@@ -59,7 +60,10 @@ Command register_run(CLI::App& root) {
   app->add_option("--cache", o->cache_file,
                   "states file: loaded when it matches, else compiled and saved there");
   app->add_flag("--no-cache", o->no_cache, "run the same tokens as one ordinary prefill");
-  app->add_flag("--stats", o->stats, "print TTFT, assembly/prefill split and tokens/s");
+  app->add_flag(
+      "--stats", o->stats,
+      "print TTFT, assembly/prefill split, tokens/s, how the schema's states came to be "
+      "and the span tiers' stats (JSON; with --json in each object: schema_source, tiers)");
   app->add_flag("--json", o->json,
                 "print one JSON object (a line per prompt for a batch) instead of streaming");
   return {app, [o]() {
@@ -90,6 +94,7 @@ Command register_run(CLI::App& root) {
                 if (o->json) {
                   auto j = response_json(responses[i], cached);
                   j["prompt"] = o->prompts[i];
+                  if (o->stats) add_tier_stats(j, *engine, first.schema);
                   std::cout << j.dump() << "\n";
                 } else {
                   std::cout << "--- " << o->prompts[i] << "\n"
@@ -98,6 +103,7 @@ Command register_run(CLI::App& root) {
                   if (o->stats) print_stats(responses[i], cached);
                 }
               }
+              if (o->stats && !o->json) print_tier_stats(*engine);
               return 0;
             }
             TokenCallback stream;
@@ -109,10 +115,15 @@ Command register_run(CLI::App& root) {
             }
             const auto r = engine->generate(first, params, stream, request);
             if (o->json) {
-              std::cout << response_json(r, cached).dump() << "\n";
+              auto j = response_json(r, cached);
+              if (o->stats) add_tier_stats(j, *engine, first.schema);
+              std::cout << j.dump() << "\n";
             } else {
               std::cout << "\n";
-              if (o->stats) print_stats(r, cached);
+              if (o->stats) {
+                print_stats(r, cached);
+                print_tier_stats(*engine);
+              }
             }
             return 0;
           }};

@@ -8,12 +8,22 @@
 #include <string>
 #include <vector>
 
+#include "tier_flags.hpp"
+
 namespace promptcache::cli {
 
 void add_engine_flags(CLI::App& app, EngineFlags& flags) {
   app.add_option("--cache-dir", flags.cache_dir,
                  "folder of compiled states kept between runs: a schema's file there is loaded "
                  "when it matches the schema, model, dtypes and encoding, else compiled and saved");
+  app.add_option("--max-host-bytes", flags.max_host_bytes,
+                 "host-memory budget of the stored spans (e.g. 512M): least recently used spans "
+                 "are evicted, re-read from --cache-dir or compiled again when needed");
+  app.add_option("--max-device-bytes", flags.max_device_bytes,
+                 "device-memory budget of the stored spans when the model is not on the CPU");
+  app.add_option("--redis", flags.redis,
+                 "a Redis server shared by many processes (redis://HOST:PORT): compiled spans are "
+                 "stored there, and a schema it holds is served without compiling");
   app.add_option("--encoding", flags.encoding, "module encoding: scaffold or isolated")
       ->capture_default_str();
   app.add_option(
@@ -37,6 +47,9 @@ std::unique_ptr<Engine> open_engine(const ModelOptions& model, const EngineFlags
   options.load = load_options(model);
   options.encoding = parse_encoding_mode(flags.encoding);
   options.chat_template = flags.chat_template;
+  options.max_host_bytes = parse_byte_size(flags.max_host_bytes, "--max-host-bytes");
+  options.max_device_bytes = parse_byte_size(flags.max_device_bytes, "--max-device-bytes");
+  options.redis_url = flags.redis;
   return Engine::open(model.model_dir, options);
 }
 

@@ -12,6 +12,8 @@ struct EngineFlags {
   std::string encoding = "scaffold";
   std::string chat_template;
   std::string cache_dir;  // --cache-dir: where compiled states are kept between runs
+  std::string max_host_bytes, max_device_bytes;  // span tier budgets ("64M"; "" no limit)
+  std::string redis;                             // --redis redis://HOST:PORT ("" none)
 };
 void add_engine_flags(CLI::App& app, EngineFlags& flags);
 // The LoadOptions that --device, --dtype and --weights select.

@@ -34,6 +34,7 @@
 #include "promptcache/cache/assembler.hpp"
 #include "promptcache/cache/cache_file.hpp"
 #include "promptcache/cache/compiler.hpp"
+#include "promptcache/cache/span_store.hpp"
 #include "promptcache/cache/store.hpp"
 #include "promptcache/generation.hpp"
 #include "promptcache/model/llama.hpp"
@@ -50,6 +51,13 @@ struct EngineOptions {
   EncodingMode encoding = EncodingMode::kScaffold;
   std::string chat_template;  // empty: the model config's family
   int64_t compile_chunk_tokens = 512;
+  // Byte budgets of the span tiers (promptcache/cache/span_store.hpp; 0: no limit). With one,
+  // a schema's states are not held by the schema: requests take theirs from the tiers.
+  int64_t max_host_bytes = 0;
+  int64_t max_device_bytes = 0;  // device-resident states, when the model is not on the CPU
+  // A Redis server shared by many engines ("redis://HOST:PORT"; redis_tier.hpp): compiled spans
+  // are written there, and a schema whose spans it holds is added without compiling.
+  std::string redis_url;
 };
 
 struct RequestOptions {
@@ -196,6 +204,8 @@ class Engine {
   const CacheStore& store() const { return store_; }
   const pml::ChatTemplate& chat_template() const { return template_; }
   const EngineOptions& options() const { return options_; }
+  // Hits, misses, evictions, bytes per tier of the stored spans (span_store.hpp).
+  TierStats tier_stats() const { return spans_->stats(); }
 
  private:
   // Continuous batching (batch_session.hpp) resolves and prefills against an entry it holds.
@@ -205,7 +215,8 @@ class Engine {
   struct SchemaEntry {
     pml::Layout layout;
     CompileReport report;
-    CacheStore states;  // this schema's states only
+    CacheStore states;  // this schema's states only (none with a tier budget: see spans)
+    std::shared_ptr<const SchemaSpans> spans;  // its spans' keys in spans_
   };
   using EntryPtr = std::shared_ptr<const SchemaEntry>;
   // The schema as loaded now; Error(kUnknownSchema) if absent (entry_for: naming the prompt and
@@ -241,6 +252,7 @@ class Engine {
   std::unique_ptr<Tokenizer> tokenizer_;
   EngineOptions options_;
   pml::ChatTemplate template_;
+  std::unique_ptr<SpanStore> spans_;         // before schemas_: outlives every entry's SchemaSpans
   std::mutex add_mutex_;                     // one add_schema at a time
   mutable std::shared_mutex schemas_mutex_;  // guards schemas_ and store_
   std::map<std::string, EntryPtr> schemas_;

@@ -43,6 +43,8 @@ struct Fnv64 {
   }
 };
 
+}  // namespace
+
 std::string model_fingerprint(const LlamaModel& model) {
   Fnv64 f;
   f.text(model.config().to_json_string());
@@ -62,6 +64,8 @@ std::string model_fingerprint(const LlamaModel& model) {
   }
   return f.hex();
 }
+
+namespace {
 
 std::string tensor_name(std::size_t span) {
   return "span." + std::to_string(span) + ".kv";
@@ -231,10 +235,15 @@ void save_cache_file(const std::string& path, const pml::Layout& layout, const C
   write_atomically(path, tensors, meta);
 }
 
-void load_cache_file(const std::string& path, const pml::Layout& layout, CacheStore& store,
-                     const LlamaModel& model, EncodingMode mode) {
-  const auto file = SafetensorsFile::open(path);
-  const auto& meta = file->metadata();
+namespace {
+
+// Error(kCacheFile) naming the file unless its metadata says it holds states of this schema
+// layout (`layout_fp`), model (`model_fp`), dtypes and encoding mode, and its metadata checksum
+// holds.
+void check_cache_metadata(const SafetensorsFile& file, const std::string& path,
+                          const pml::Layout& layout, const std::string& layout_fp,
+                          const LlamaModel& model, const std::string& model_fp, EncodingMode mode) {
+  const auto& meta = file.metadata();
   auto expect = [&](const std::string& key, const std::string& want, const std::string& what) {
     auto it = meta.find(key);
     if (it == meta.end()) {
@@ -260,7 +269,7 @@ void load_cache_file(const std::string& path, const pml::Layout& layout, CacheSt
     }
   }
   expect("schema", layout.schema_name, "schema");
-  expect("layout", layout_fingerprint(layout), "another version of the schema (layout");
+  expect("layout", layout_fp, "another version of the schema (layout");
   expect("dtype", dtype_name(model.dtype()), "dtype");
   {
     // Files written before the KV dtype could differ from the compute dtype have no kv_dtype:
@@ -275,47 +284,69 @@ void load_cache_file(const std::string& path, const pml::Layout& layout, CacheSt
     }
   }
   expect("encoding", to_string(mode), "encoding mode");
-  expect("model", model_fingerprint(model), "another model (fingerprint");
+  expect("model", model_fp, "another model (fingerprint");
+}
 
+// Span `s`'s states from a file whose metadata was checked: its shape, dtype and checksum
+// checked too. On the CPU the states are the mapped bytes themselves: nothing is copied, and the
+// attention reads them in place (read-only memory; nothing writes into stored states). A file
+// replaced later (renamed over) leaves this mapping valid. Elsewhere they are copied onto the
+// model's device.
+SpanStates span_from_file(const SafetensorsFile& file, const std::string& path,
+                          const pml::Layout& layout, std::size_t s, const LlamaModel& model) {
   const auto& c = model.config();
+  const pml::Span& span = layout.spans[s];
+  const std::vector<int64_t> shape = {c.num_hidden_layers, 2, c.num_key_value_heads,
+                                      static_cast<int64_t>(span.size()), c.head_dim};
+  const std::string name = tensor_name(s);
+  const SourceLocation where{path, 0, 0, "tensor '" + name + "'"};
+  if (!file.contains(name))
+    throw Error(ErrorKind::kCacheFile, "states of a span are missing", where);
+  torch::Tensor block = file.tensor(name);
+  if (block.sizes() != at::IntArrayRef(shape)) {
+    throw Error(ErrorKind::kCacheFile, "tensor has the wrong shape for its span", where);
+  }
+  // States of another dtype than the metadata says (and the engine's KV cache) would be
+  // converted silently: refused like a file of another dtype, so the engine compiles it again.
+  if (block.scalar_type() != model.kv_dtype()) {
+    throw Error(ErrorKind::kCacheFile,
+                "tensor holds " + dtype_name(block.scalar_type()) + " states, not the " +
+                    dtype_name(model.kv_dtype()) + " of this engine's KV cache; compile again",
+                where);
+  }
+  const auto sum = file.metadata().find("xxh3." + name);
+  if (sum == file.metadata().end() || sum->second != tensor_checksum(block)) {
+    throw Error(ErrorKind::kCacheFile,
+                "corrupt cache file: the tensor's bytes do not match its checksum; compile again",
+                where);
+  }
+  if (!model.device().is_cpu()) block = block.to(model.kv_options());
+  return SpanStates::from_block(block, static_cast<int64_t>(span.begin));
+}
+
+}  // namespace
+
+void load_cache_file(const std::string& path, const pml::Layout& layout, CacheStore& store,
+                     const LlamaModel& model, EncodingMode mode) {
+  const auto file = SafetensorsFile::open(path);
+  check_cache_metadata(*file, path, layout, layout_fingerprint(layout), model,
+                       model_fingerprint(model), mode);
   std::map<std::size_t, SpanStates> loaded;
   for (std::size_t s = 0; s < layout.spans.size(); ++s) {
     const pml::Span& span = layout.spans[s];
     if (!span.cacheable || span.size() == 0) continue;
-    const std::vector<int64_t> shape = {c.num_hidden_layers, 2, c.num_key_value_heads,
-                                        static_cast<int64_t>(span.size()), c.head_dim};
-    const std::string name = tensor_name(s);
-    const SourceLocation where{path, 0, 0, "tensor '" + name + "'"};
-    if (!file->contains(name))
-      throw Error(ErrorKind::kCacheFile, "states of a span are missing", where);
-    torch::Tensor block = file->tensor(name);
-    if (block.sizes() != at::IntArrayRef(shape)) {
-      throw Error(ErrorKind::kCacheFile, "tensor has the wrong shape for its span", where);
-    }
-    // States of another dtype than the metadata says (and the engine's KV cache) would be
-    // converted silently: refused like a file of another dtype, so the engine compiles it again.
-    if (block.scalar_type() != model.kv_dtype()) {
-      throw Error(ErrorKind::kCacheFile,
-                  "tensor holds " + dtype_name(block.scalar_type()) + " states, not the " +
-                      dtype_name(model.kv_dtype()) + " of this engine's KV cache; compile again",
-                  where);
-    }
-    const auto sum = meta.find("xxh3." + name);
-    if (sum == meta.end() || sum->second != tensor_checksum(block)) {
-      throw Error(ErrorKind::kCacheFile,
-                  "corrupt cache file: the tensor's bytes do not match its checksum; compile again",
-                  where);
-    }
-    // On the CPU the span's states are the mapped bytes themselves: nothing is copied, and the
-    // attention reads them in place (read-only memory; nothing writes into stored states). A
-    // file replaced later (renamed over) leaves this mapping valid. Elsewhere they are copied
-    // onto the model's device.
-    if (!model.device().is_cpu()) block = block.to(model.kv_options());
-    SpanStates states = SpanStates::from_block(block, static_cast<int64_t>(span.begin));
-    loaded.emplace(s, std::move(states));
+    loaded.emplace(s, span_from_file(*file, path, layout, s, model));
   }
   store.erase_schema(layout.schema_name);
   for (auto& [s, states] : loaded) store.put(layout.schema_name, s, std::move(states));
+}
+
+SpanStates load_cache_span(const std::string& path, const pml::Layout& layout, std::size_t span,
+                           const LlamaModel& model, EncodingMode mode, const std::string& layout_fp,
+                           const std::string& model_fp) {
+  const auto file = SafetensorsFile::open(path);
+  check_cache_metadata(*file, path, layout, layout_fp, model, model_fp, mode);
+  return span_from_file(*file, path, layout, span, model);
 }
 
 }  // namespace promptcache

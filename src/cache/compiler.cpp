@@ -103,6 +103,25 @@ struct PendingPass {
 
 }  // namespace
 
+SpanStates compile_span(const LlamaModel& model, const pml::Layout& layout, std::size_t span,
+                        EncodingMode mode, int64_t chunk_tokens) {
+  if (chunk_tokens <= 0) {
+    throw Error(ErrorKind::kInvalidArgument, "compile chunk size must be positive");
+  }
+  EncodingPass pass;
+  pass.spans = encoding_context(layout, span, mode);
+  pass.spans.push_back(span);
+  pass.stored = {span};
+  const PassTokens laid = lay_out(layout, pass);
+  const int64_t n = static_cast<int64_t>(layout.spans[span].size());
+  const int64_t total = static_cast<int64_t>(laid.tokens.size());
+  KVCache cache = model.make_cache(total);
+  int64_t forwards = 0;
+  run_tokens(model, cache, laid.tokens, laid.positions, 0, chunk_tokens, forwards);
+  return SpanStates::from_block(cache.all_slots(total - n, n).select(2, 0).clone(),
+                                static_cast<int64_t>(layout.spans[span].begin));
+}
+
 CompileReport ModuleCompiler::compile(const pml::Layout& layout, CacheStore& store,
                                       const CompileOptions& options) const {
   if (options.chunk_tokens <= 0) {

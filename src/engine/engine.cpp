@@ -51,6 +51,10 @@ int64_t max_position_of(const pml::ResolvedPrompt& resolved, bool use_cache) {
 Engine::Engine(std::unique_ptr<LlamaModel> model, std::unique_ptr<Tokenizer> tokenizer,
                EngineOptions options)
     : model_(std::move(model)), tokenizer_(std::move(tokenizer)), options_(std::move(options)) {
+  spans_ = std::make_unique<SpanStore>(
+      *model_, options_.encoding, options_.compile_chunk_tokens,
+      TierBudgets{options_.max_host_bytes, options_.max_device_bytes},
+      options_.redis_url.empty() ? nullptr : RedisTier::connect(options_.redis_url));
   const ModelConfig& config = model_->config();
   template_ = pml::chat_template(pml::choose_chat_template(
       options_.chat_template, config.chat_template, *tokenizer_, config.default_chat_template()));
@@ -90,6 +94,14 @@ const pml::Layout& Engine::add_schema(const pml::Schema& schema, const ProgressC
   auto entry = std::make_shared<SchemaEntry>();
   entry->layout = layout_only(schema);
   std::string stale;
+  // Its spans enter the tiers (a span another schema stored is shared); with a budget the entry
+  // holds none itself: requests take theirs from the tiers.
+  auto adopt = [&](bool compiled) {
+    entry->spans = spans_->adopt(entry->layout, entry->states, cache_file, compiled);
+  };
+  auto let_go = [&] {
+    if (spans_->budgeted()) entry->states = CacheStore();
+  };
   if (!cache_file.empty() && std::filesystem::exists(cache_file)) {
     const double start = now_ms();
     try {
@@ -98,10 +110,22 @@ const pml::Layout& Engine::add_schema(const pml::Schema& schema, const ProgressC
       entry->report.tokens_stored = entry->states.tokens(schema.name);
       entry->report.bytes = entry->states.bytes(schema.name);
       entry->report.ms = now_ms() - start;
+      adopt(false);
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::kCacheFile) throw;  // corrupt: the user should look at it
       stale = e.message();
       entry->states = CacheStore();
+    }
+  }
+  if (entry->report.source == "compiled" && spans_->remote() != nullptr) {
+    // Another process may have compiled it into the shared store.
+    const double start = now_ms();
+    if (spans_->load_remote(entry->layout, entry->states)) {
+      entry->report.source = "loaded from " + spans_->remote()->url();
+      entry->report.tokens_stored = entry->states.tokens(schema.name);
+      entry->report.bytes = entry->states.bytes(schema.name);
+      entry->report.ms = now_ms() - start;
+      adopt(false);
     }
   }
   if (entry->report.source == "compiled") {
@@ -114,12 +138,14 @@ const pml::Layout& Engine::add_schema(const pml::Schema& schema, const ProgressC
     // A schema that fails to compile leaves the engine as it was (the old version, if any,
     // stays): its states went into the new entry only.
     entry->report = ModuleCompiler(*model_).compile(entry->layout, entry->states, options);
+    adopt(true);
     if (!cache_file.empty() && !entry->states.spans_of(schema.name).empty()) {
       try {
         save_cache_file(cache_file, entry->layout, entry->states, *model_, options_.encoding);
       } catch (...) {
         // The new schema is added (compiled, not saved) before the error goes to the caller.
         entry->report.source = "compiled; saving to " + cache_file + " failed";
+        let_go();
         publish(schema.name, entry);
         throw;
       }
@@ -128,6 +154,7 @@ const pml::Layout& Engine::add_schema(const pml::Schema& schema, const ProgressC
                                  : cache_file + " was stale (" + stale + "); compiled and saved";
     }
   }
+  let_go();
   const SchemaEntry& added = *entry;
   publish(schema.name, std::move(entry));
   return added.layout;
@@ -259,9 +286,9 @@ std::unique_ptr<Engine::PooledBuffer> Engine::take_buffer(const SchemaEntry& ent
   // buffer assembled for it would list).
   std::vector<uint64_t> wanted;
   for (std::size_t index : resolved.spans) {
-    if (const SpanStates* s = entry.states.find(entry.layout.schema_name, index)) {
-      wanted.push_back(s->id);
-    }
+    const auto key = entry.spans->keys.find(index);
+    if (key == entry.spans->keys.end()) continue;
+    if (const uint64_t id = spans_->resident_id(key->second)) wanted.push_back(id);
   }
   {
     std::lock_guard<std::mutex> lock(pool_mutex_);
@@ -358,7 +385,9 @@ Engine::Prefill Engine::prefill_with(const SchemaEntry* schema, const pml::Resol
     // Room for the recomputed tokens, which run after the cached slots before they move back.
     const int64_t recomputed =
         recompute_count(recompute.fraction, static_cast<int64_t>(resolved.baseline.size()));
-    out.assembled = Assembler().assemble(resolved, schema->layout, schema->states, cache,
+    // Held while they are assembled (then the KV cache's own references keep what it reads).
+    const SpanStore::Pin pinned = spans_->pin(schema->layout, *schema->spans, resolved.spans);
+    out.assembled = Assembler().assemble(resolved, schema->layout, pinned.states(), cache,
                                          extra_capacity + recomputed, assembly);
   } else {
     out.assembled = baseline_prompt(resolved);
@@ -457,8 +486,11 @@ Engine::BatchPrefill Engine::prefill_batch_with(const std::vector<EntryPtr>& ent
   AssembledBatch& batch = out.assembled;
   if (use_cache) {
     std::vector<BatchPrompt> prompts;
+    std::vector<SpanStore::Pin> pinned;  // each row's states, held while they are assembled
+    pinned.reserve(resolved.size());
     for (std::size_t i = 0; i < resolved.size(); ++i) {
-      prompts.push_back({&resolved[i], &entries[i]->layout, &entries[i]->states});
+      pinned.push_back(spans_->pin(entries[i]->layout, *entries[i]->spans, resolved[i].spans));
+      prompts.push_back({&resolved[i], &entries[i]->layout, &pinned[i].states()});
     }
     batch = Assembler().assemble_batch(prompts, CacheStore(), cache, extra_capacity);
   } else {

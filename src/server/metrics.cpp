@@ -107,6 +107,41 @@ std::string Metrics::render(const Gauges& gauges) const {
       "promptcache_queued_requests {}\n",
       cached_tokens_, fresh_tokens_, generated_tokens_, cancelled_, gauges.store_bytes,
       gauges.schemas, gauges.queued);
+  const TierStats& t = gauges.tiers;
+  out += fmt::format(
+      "# HELP promptcache_span_lookups_total Stored spans requests looked up, by where they were "
+      "found: the top tier (hit), a lower tier (promoted, file among them) or none (recompiled).\n"
+      "# TYPE promptcache_span_lookups_total counter\n"
+      "promptcache_span_lookups_total{{result=\"hit\"}} {}\n"
+      "promptcache_span_lookups_total{{result=\"miss\"}} {}\n"
+      "# HELP promptcache_span_promotions_total Missed spans brought up from a lower tier.\n"
+      "# TYPE promptcache_span_promotions_total counter\n"
+      "promptcache_span_promotions_total{{from=\"any\"}} {}\n"
+      "promptcache_span_promotions_total{{from=\"file\"}} {}\n"
+      "# HELP promptcache_span_recompiles_total Missed spans found in no tier and compiled again.\n"
+      "# TYPE promptcache_span_recompiles_total counter\n"
+      "promptcache_span_recompiles_total {}\n"
+      "# HELP promptcache_span_evictions_total Spans dropped from a tier over its byte budget.\n"
+      "# TYPE promptcache_span_evictions_total counter\n"
+      "promptcache_span_evictions_total {}\n"
+      "# HELP promptcache_span_shared_total Spans a schema added found already stored.\n"
+      "# TYPE promptcache_span_shared_total counter\n"
+      "promptcache_span_shared_total {}\n"
+      "# HELP promptcache_tier_bytes Bytes of span states held per tier.\n"
+      "# TYPE promptcache_tier_bytes gauge\n"
+      "promptcache_tier_bytes{{tier=\"host\"}} {}\n"
+      "promptcache_tier_bytes{{tier=\"device\"}} {}\n"
+      "# HELP promptcache_tier_spans Spans held per tier.\n"
+      "# TYPE promptcache_tier_spans gauge\n"
+      "promptcache_tier_spans{{tier=\"host\"}} {}\n"
+      "promptcache_tier_spans{{tier=\"device\"}} {}\n"
+      "# HELP promptcache_tier_max_bytes Byte budget per tier (0: no limit).\n"
+      "# TYPE promptcache_tier_max_bytes gauge\n"
+      "promptcache_tier_max_bytes{{tier=\"host\"}} {}\n"
+      "promptcache_tier_max_bytes{{tier=\"device\"}} {}\n",
+      t.hits, t.misses, t.promotions, t.file_loads, t.recompiles, t.evictions, t.shared,
+      t.host_bytes, t.device_bytes, t.host_spans, t.device_spans, t.max_host_bytes,
+      t.max_device_bytes);
   return out;
 }
 

@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "promptcache/cache/span_store.hpp"
+
 namespace promptcache::server {
 
 // A cumulative histogram with fixed upper bounds (Prometheus "le" buckets).
@@ -30,6 +32,7 @@ struct Gauges {
   int64_t store_bytes = 0;
   int64_t schemas = 0;
   int64_t queued = 0;
+  TierStats tiers;  // the engine's span tiers
 };
 
 class Metrics {

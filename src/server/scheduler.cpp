@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <utility>
 
+#include "promptcache/cache/cache_file.hpp"
 #include "views.hpp"
 
 namespace promptcache::server {
@@ -49,15 +50,18 @@ Scheduler::~Scheduler() {
   stop();
 }
 
-std::string Scheduler::cache_file(const std::string& name) const {
+std::string Scheduler::cache_file(const pml::Schema& schema) const {
   if (cache_dir_.empty()) return "";
   std::filesystem::create_directories(cache_dir_);
-  return (std::filesystem::path(cache_dir_) / (name + ".states")).string();
+  // The name `promptcache compile --cache-dir` and the CLI's --cache-dir use (cache_file_name).
+  return (std::filesystem::path(cache_dir_) /
+          cache_file_name(engine_.layout_only(schema), engine_.model(), engine_.options().encoding))
+      .string();
 }
 
 void Scheduler::add_schema_file(const std::string& path, const Engine::ProgressCallback& progress) {
   const pml::Schema schema = pml::parse_schema_file(path);
-  engine_.add_schema(schema, progress, cache_file(schema.name));
+  engine_.add_schema(schema, progress, cache_file(schema));
   publish(schema.name);
 }
 
@@ -122,7 +126,11 @@ std::optional<json> Scheduler::schema(const std::string& name) const {
 
 Gauges Scheduler::gauges() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return {store_bytes_, static_cast<int64_t>(schemas_.size()), static_cast<int64_t>(queue_.size())};
+  Gauges g{store_bytes_, static_cast<int64_t>(schemas_.size()),
+           static_cast<int64_t>(queue_.size())};
+  g.tiers = engine_.tier_stats();
+  g.store_bytes = g.tiers.host_bytes + g.tiers.device_bytes;  // shared spans counted once
+  return g;
 }
 
 void Scheduler::loop() {
@@ -344,7 +352,7 @@ void Scheduler::run_compile(Job& job) {
                  {"tokens_total", p.tokens_total}};
       job.channel.push(std::move(ev));
     };
-    engine_.add_schema(job.schema, progress, cache_file(name));
+    engine_.add_schema(job.schema, progress, cache_file(job.schema));
     publish(name);
     Event done;
     done.type = Event::Type::kDone;

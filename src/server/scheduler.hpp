@@ -61,8 +61,8 @@ class Scheduler {
   void run_compile(Job& job);
   void run_delete(Job& job);
   void finish(Job& job, Response r, int batch_size, double run_start);
-  void publish(const std::string& name);  // the schema's layout into the snapshot
-  std::string cache_file(const std::string& name) const;
+  void publish(const std::string& name);                    // the schema's layout into the snapshot
+  std::string cache_file(const pml::Schema& schema) const;  // "" without a cache_dir
   TokenCallback stream_to(Job& job);
 
   Engine& engine_;

@@ -360,6 +360,54 @@ assert s["summary"] and s["prompts"] == 1 and s["first_token_agreement"] == 1.0,
       --recompute 0 -n 1 --json >"$work/z.json" 2>"$work/z.err" || fail "run --recompute 0: $(cat "$work/z.err")"
     python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["recomputed_tokens"] == 0, j' "$work/z.json" || fail "--recompute 0 did not override: $(cat "$work/z.json")"
     ;;
+  tiers_budget)
+    # A tiny host budget: the same answer as without one; the stats say spans were evicted and
+    # re-read from the cache folder, none compiled again.
+    tiny
+    "$pc" run --model "$work/tiny" --schema "$src/schemas/trip.xml" --prompt "$src/schemas/trip.prompt.xml" \
+      -n 4 --json --cache-dir "$work/cache" >"$work/plain.json" 2>"$work/e" || fail "run: $(cat "$work/e")"
+    "$pc" run --model "$work/tiny" --schema "$src/schemas/trip.xml" --prompt "$src/schemas/trip.prompt.xml" \
+      -n 4 --json --stats --cache-dir "$work/cache" --max-host-bytes 1K >"$work/budget.json" 2>"$work/e" || fail "run budget: $(cat "$work/e")"
+    python3 - "$work/plain.json" "$work/budget.json" <<'PY' || fail "budgeted run differs or stats are wrong"
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+assert a["token_ids"] == b["token_ids"], (a["token_ids"], b["token_ids"])
+t = b["tiers"]
+assert t["host"]["max_bytes"] == 1024 and t["evictions"] > 0 and t["file_loads"] > 0, t
+assert t["recompiles"] == 0, t
+PY
+    "$pc" run --model "$work/tiny" --schema "$src/schemas/trip.xml" --prompt "$src/schemas/trip.prompt.xml" \
+      --max-host-bytes 12Q >/dev/null 2>"$work/e" && fail "a bad size was accepted"
+    expect_in "--max-host-bytes: expects a byte count" "$work/e"
+    ;;
+  redis_two_process)
+    # Process 1 compiles into Redis; process 2 (fresh) answers without any compile pass.
+    redis=$(command -v redis-server || true)
+    [ -n "$redis" ] || { echo "SKIPPED: redis-server is not installed (Debian: redis-server)"; exit 77; }
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    "$redis" --port "$port" --bind 127.0.0.1 --save '' --appendonly no --loglevel warning >"$work/redis.log" 2>&1 &
+    rpid=$!
+    disown "$rpid"  # killed at the end: no job notice
+    trap 'kill -9 $rpid 2>/dev/null; rm -rf "$work"' EXIT
+    for _ in $(seq 100); do python3 -c "import socket; socket.create_connection(('127.0.0.1',$port))" 2>/dev/null && break; sleep 0.1; done
+    tiny
+    url="redis://127.0.0.1:$port"
+    "$pc" compile "$src/schemas/trip.xml" --model "$work/tiny" --redis "$url" --json >"$work/c.json" 2>"$work/e" || fail "compile --redis: $(cat "$work/e")"
+    python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["source"] == "compiled" and j["tiers"]["remote_puts"] > 0, j' "$work/c.json" || fail "compile did not write to Redis: $(cat "$work/c.json")"
+    "$pc" run --model "$work/tiny" --schema "$src/schemas/trip.xml" --prompt "$src/schemas/trip.prompt.xml" \
+      -n 4 --redis "$url" --stats --json >"$work/r.json" 2>"$work/r.err" || fail "run --redis: $(cat "$work/r.err")"
+    "$pc" run --model "$work/tiny" --schema "$src/schemas/trip.xml" --prompt "$src/schemas/trip.prompt.xml" \
+      -n 4 --json >"$work/local.json" 2>"$work/e" || fail "run: $(cat "$work/e")"
+    python3 - "$work/r.json" "$work/local.json" "$url" <<'PY' || fail "process 2 compiled, or answered otherwise: $(cat "$work/r.json")"
+import json, sys
+r, local = (json.load(open(f)) for f in sys.argv[1:3])
+assert r["schema_source"] == "loaded from " + sys.argv[3], r["schema_source"]
+t = r["tiers"]
+assert t["compiled_spans"] == 0 and t["recompiles"] == 0 and t["remote_loads"] > 0, t
+assert r["token_ids"] == local["token_ids"]
+PY
+    grep -q "compiling" "$work/r.err" && fail "process 2 showed a compile progress bar"
+    ;;
   *) fail "unknown case" ;;
 esac
 echo "PASS ($case_name)"

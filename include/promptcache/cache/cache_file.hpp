@@ -27,6 +27,9 @@ namespace promptcache {
 std::string tensor_checksum(const torch::Tensor& t);
 std::string metadata_checksum(const std::map<std::string, std::string>& meta);
 
+// A stable hash of the model: its config and a few logits of fixed tokens (one short forward).
+std::string model_fingerprint(const LlamaModel& model);
+
 // A stable hash of everything the states depend on in the layout.
 std::string layout_fingerprint(const pml::Layout& layout);
 
@@ -64,5 +67,12 @@ void save_cache_file(const std::string& path, const pml::Layout& layout, const C
 // Error(kSafetensors) when the file itself is malformed.
 void load_cache_file(const std::string& path, const pml::Layout& layout, CacheStore& store,
                      const LlamaModel& model, EncodingMode mode);
+
+// One span's states from a cache file, with the same checks as load_cache_file (the layout's
+// and model's fingerprints passed in, computed once by the caller), reading only that span's
+// bytes (its checksum). Mapped on the CPU, copied to the model's device elsewhere.
+SpanStates load_cache_span(const std::string& path, const pml::Layout& layout, std::size_t span,
+                           const LlamaModel& model, EncodingMode mode, const std::string& layout_fp,
+                           const std::string& model_fp);
 
 }  // namespace promptcache

@@ -67,6 +67,13 @@ std::vector<EncodingPass> encoding_passes(const pml::Layout& layout, EncodingMod
 std::vector<std::size_t> encoding_context(const pml::Layout& layout, std::size_t span,
                                           EncodingMode mode);
 
+// Compiles one stored span alone: its encoding context and itself, run causally (in chunks of
+// `chunk_tokens`), its states kept (a span evicted from every tier, see span_store.hpp). The same
+// states as ModuleCompiler's within float rounding (which may run the same tokens grouped
+// otherwise).
+SpanStates compile_span(const LlamaModel& model, const pml::Layout& layout, std::size_t span,
+                        EncodingMode mode, int64_t chunk_tokens);
+
 class ModuleCompiler {
  public:
   explicit ModuleCompiler(const LlamaModel& model) : model_(model) {}

@@ -23,7 +23,7 @@ struct ServerOptions {
   int max_batch = 16;
   int http_threads = 64;  // connections served at once (each streaming client holds one)
   std::string api_key;    // when set, every endpoint but /health wants "Authorization: Bearer KEY"
-  std::string cache_dir;  // when set, compiled states are kept there as NAME.states
+  std::string cache_dir;  // when set, compiled states are kept there (cache_file_name)
   std::string model_name = "promptcache";  // the "model" of OpenAI responses
 };
 

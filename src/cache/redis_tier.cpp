@@ -1,0 +1,244 @@
+#include "promptcache/cache/redis_tier.hpp"
+
+#include <signal.h>
+
+#include <cstring>
+#include <iostream>
+#include <sstream>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "promptcache/error.hpp"
+#include "promptcache/model/llama.hpp"
+
+#ifdef PROMPTCACHE_WITH_REDIS
+#include <hiredis/hiredis.h>
+#endif
+
+namespace promptcache {
+namespace {
+
+constexpr const char* kValueFormat = "promptcache-span-v1";
+// How long a lost server is left alone before the next try.
+constexpr auto kRetryPause = std::chrono::seconds(2);
+
+std::string hex64(std::uint64_t h) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+}  // namespace
+
+std::string RedisTier::encode(const torch::Tensor& block) {
+  const auto dense = block.to(torch::kCPU).contiguous();
+  const auto bytes = static_cast<std::size_t>(dense.numel() * dense.element_size());
+  std::ostringstream header;
+  header << kValueFormat << ' ' << dtype_name(dense.scalar_type()) << ' ' << dense.dim();
+  for (int64_t d : dense.sizes()) header << ' ' << d;
+  header << ' ' << hex64(XXH3_64bits(dense.data_ptr(), bytes)) << '\n';
+  std::string value = header.str();
+  const std::size_t at = value.size();
+  value.resize(at + bytes);
+  std::memcpy(value.data() + at, dense.data_ptr(), bytes);
+  return value;
+}
+
+#ifdef PROMPTCACHE_WITH_REDIS
+
+struct RedisTier::Connection {
+  redisContext* context = nullptr;
+  ~Connection() {
+    if (context != nullptr) redisFree(context);
+  }
+};
+
+namespace {
+
+struct ReplyDeleter {
+  void operator()(redisReply* r) const {
+    if (r != nullptr) freeReplyObject(r);
+  }
+};
+using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
+
+}  // namespace
+
+RedisTier::RedisTier(std::string url, std::string host, int port)
+    : url_(std::move(url)), host_(std::move(host)), port_(port) {}
+
+std::unique_ptr<RedisTier> RedisTier::connect(const std::string& url) {
+  std::string rest = url;
+  const std::string scheme = "redis://";
+  if (rest.rfind(scheme, 0) == 0) rest = rest.substr(scheme.size());
+  while (!rest.empty() && rest.back() == '/') rest.pop_back();
+  std::string host = rest;
+  int port = 6379;
+  const auto colon = rest.rfind(':');
+  if (colon != std::string::npos) {
+    host = rest.substr(0, colon);
+    const std::string digits = rest.substr(colon + 1);
+    const bool numeric = !digits.empty() && digits.size() <= 5 &&
+                         digits.find_first_not_of("0123456789") == std::string::npos;
+    port = numeric ? std::stoi(digits) : 0;
+    if (port <= 0 || port > 65535) {
+      throw Error(ErrorKind::kInvalidArgument,
+                  "redis URL '" + url + "': the port must be a number from 1 to 65535");
+    }
+  }
+  if (host.empty() || host.find_first_of("/@? ") != std::string::npos) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "redis URL '" + url + "': expected redis://HOST:PORT (no user, path or options)");
+  }
+  // hiredis writes with write(): a server that went away would end the process with SIGPIPE
+  // instead of an error the tier degrades on. Ignored unless the program handles it itself.
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    ::signal(SIGPIPE, SIG_IGN);
+  }
+  return std::unique_ptr<RedisTier>(new RedisTier(url, host, port));
+}
+
+RedisTier::~RedisTier() = default;
+
+RedisTier::Connection* RedisTier::ready() {
+  if (connection_) return connection_.get();
+  const auto now = std::chrono::steady_clock::now();
+  if (now < retry_after_) return nullptr;
+  auto c = std::make_unique<Connection>();
+  const timeval connect_timeout{0, 500 * 1000};
+  c->context = redisConnectWithTimeout(host_.c_str(), port_, connect_timeout);
+  if (c->context == nullptr || c->context->err != 0) {
+    lost(c->context != nullptr ? c->context->errstr : "cannot allocate a connection");
+    return nullptr;
+  }
+  const timeval command_timeout{2, 0};
+  redisSetTimeout(c->context, command_timeout);
+  if (warned_) std::cerr << "promptcache: redis " << url_ << " is reachable again\n";
+  warned_ = false;
+  connection_ = std::move(c);
+  return connection_.get();
+}
+
+void RedisTier::lost(const std::string& why) {
+  connection_.reset();
+  retry_after_ = std::chrono::steady_clock::now() + kRetryPause;
+  if (!warned_) {
+    std::cerr << "promptcache: warning: redis " << url_ << " is unreachable (" << why
+              << "); serving from the local tiers\n";
+  }
+  warned_ = true;
+}
+
+std::optional<torch::Tensor> RedisTier::get(const std::string& key, torch::Dtype dtype,
+                                            const std::vector<int64_t>& shape) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Connection* c = ready();
+  if (c == nullptr) return std::nullopt;
+  Reply reply(static_cast<redisReply*>(
+      redisCommand(c->context, "GET %b", key.data(), static_cast<std::size_t>(key.size()))));
+  if (!reply) {
+    lost(c->context->errstr);
+    return std::nullopt;
+  }
+  if (reply->type == REDIS_REPLY_NIL) return std::nullopt;
+  auto refuse = [&](const std::string& why) -> std::optional<torch::Tensor> {
+    std::cerr << "promptcache: warning: redis " << url_ << " key '" << key << "': " << why
+              << "; not used\n";
+    return std::nullopt;
+  };
+  if (reply->type != REDIS_REPLY_STRING) return refuse("not a string value");
+  const std::string_view value(reply->str, reply->len);
+  const auto eol = value.find('\n');
+  if (eol == std::string_view::npos) return refuse("no header");
+  std::istringstream header{std::string(value.substr(0, eol))};
+  std::string format, dtype_text, checksum;
+  std::size_t dims = 0;
+  header >> format >> dtype_text >> dims;
+  if (format != kValueFormat) return refuse("not a promptcache span value");
+  if (dtype_text != dtype_name(dtype)) return refuse("states of dtype " + dtype_text);
+  std::vector<int64_t> sizes(dims > 8 ? 0 : dims);
+  for (auto& d : sizes) header >> d;
+  header >> checksum;
+  if (!header || sizes != shape) return refuse("states of another shape");
+  auto block = torch::empty(shape, torch::TensorOptions().dtype(dtype));
+  const auto bytes = static_cast<std::size_t>(block.numel() * block.element_size());
+  if (value.size() - eol - 1 != bytes) return refuse("truncated or overlong value");
+  const char* data = value.data() + eol + 1;
+  if (hex64(XXH3_64bits(data, bytes)) != checksum) {
+    return refuse("the bytes do not match their checksum");
+  }
+  std::memcpy(block.data_ptr(), data, bytes);
+  return block;
+}
+
+bool RedisTier::put(const std::string& key, const torch::Tensor& block) {
+  return put_value(key, encode(block));
+}
+
+bool RedisTier::put_value(const std::string& key, const std::string& value) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Connection* c = ready();
+  if (c == nullptr) return false;
+  Reply reply(static_cast<redisReply*>(redisCommand(c->context, "SET %b %b", key.data(),
+                                                    static_cast<std::size_t>(key.size()),
+                                                    value.data(), value.size())));
+  if (!reply) {
+    lost(c->context->errstr);
+    return false;
+  }
+  if (reply->type == REDIS_REPLY_ERROR) {
+    std::cerr << "promptcache: warning: redis " << url_ << " refused to store '" << key
+              << "': " << std::string(reply->str, reply->len) << "\n";
+    return false;
+  }
+  return true;
+}
+
+bool RedisTier::contains(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Connection* c = ready();
+  if (c == nullptr) return false;
+  Reply reply(static_cast<redisReply*>(
+      redisCommand(c->context, "EXISTS %b", key.data(), static_cast<std::size_t>(key.size()))));
+  if (!reply) {
+    lost(c->context->errstr);
+    return false;
+  }
+  return reply->type == REDIS_REPLY_INTEGER && reply->integer > 0;
+}
+
+#else  // built without hiredis
+
+struct RedisTier::Connection {};
+
+RedisTier::RedisTier(std::string url, std::string host, int port)
+    : url_(std::move(url)), host_(std::move(host)), port_(port) {}
+RedisTier::~RedisTier() = default;
+
+std::unique_ptr<RedisTier> RedisTier::connect(const std::string& url) {
+  throw Error(ErrorKind::kInvalidArgument,
+              "redis URL '" + url +
+                  "': this promptcache was built without hiredis, so it has no Redis tier "
+                  "(Debian: libhiredis-dev; scripts/install-deps.sh, then build again)");
+}
+
+std::optional<torch::Tensor> RedisTier::get(const std::string&, torch::Dtype,
+                                            const std::vector<int64_t>&) {
+  return std::nullopt;
+}
+bool RedisTier::put(const std::string&, const torch::Tensor&) {
+  return false;
+}
+bool RedisTier::contains(const std::string&) {
+  return false;
+}
+RedisTier::Connection* RedisTier::ready() {
+  return nullptr;
+}
+void RedisTier::lost(const std::string&) {}
+
+#endif
+
+}  // namespace promptcache

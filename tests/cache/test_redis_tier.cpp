@@ -1,0 +1,169 @@
+// The Redis span tier against a real redis-server started on a free port: a second engine
+// serves a schema the first compiled without compiling it, damaged values are never served, and
+// a server killed while requests run leaves every answer right (the local tiers take over).
+#include "support/catch_torch.hpp"
+
+#include <atomic>
+#include <thread>
+
+#include "promptcache/cache/cache_file.hpp"
+#include "promptcache/cache/redis_tier.hpp"
+#include "support/redis_server.hpp"
+#include "support/tiny_model.hpp"
+#include "support/trip_schema.hpp"
+
+using namespace promptcache;
+
+namespace {
+
+const std::vector<std::string> kPrompts = {
+    R"(<prompt schema="trip"><city/><rainy/><who guide="Anna"/>Where do we go?</prompt>)",
+    R"(<prompt schema="trip"><city/><sunny/><live/>And now?</prompt>)",
+    R"(<prompt schema="trip"><sunny/>What is the weather?</prompt>)",
+};
+
+SamplingParams greedy() {
+  SamplingParams p;
+  p.max_new_tokens = 5;
+  p.stop_at_eos = false;
+  return p;
+}
+
+EngineOptions with_redis(const std::string& url, int64_t host_bytes = 0) {
+  EngineOptions o;
+  o.redis_url = url;
+  o.max_host_bytes = host_bytes;
+  return o;
+}
+
+torch::Tensor logits_of(Engine& engine, const std::string& xml) {
+  const auto resolved = engine.resolve(pml::parse_prompt_string(xml));
+  KVCache cache = engine.model().make_cache(0);
+  return engine.prefill(resolved, cache, true).logits;
+}
+
+// Skips (WARN) when redis-server is not installed.
+#define REQUIRE_REDIS(server)                                                                 \
+  if (test::redis_server_binary().empty()) {                                                  \
+    WARN("SKIPPED: redis-server is not installed (Debian: redis-server); no Redis test ran"); \
+    return;                                                                                   \
+  }                                                                                           \
+  REQUIRE((server).running())
+
+}  // namespace
+
+TEST_CASE("a redis URL is checked", "[cache][redis]") {
+  CHECK_THROWS_WITH(RedisTier::connect("redis://host:port"), Catch::Contains("port"));
+  CHECK_THROWS_WITH(RedisTier::connect("redis://:6379"), Catch::Contains("redis://HOST:PORT"));
+  CHECK_THROWS_WITH(RedisTier::connect("redis://u:p@host:1/0"), Catch::Contains("redis URL"));
+}
+
+TEST_CASE("a second engine serves a schema the first compiled into redis, without compiling",
+          "[cache][redis]") {
+  test::RedisServer server;
+  REQUIRE_REDIS(server);
+  auto first = test::tiny_engine(1, with_redis(server.url()));
+  first->add_schema_string(test::kTripSchema);
+  const TierStats wrote = first->tier_stats();
+  CHECK(wrote.compiled_spans > 0);
+  CHECK(wrote.remote_puts == wrote.compiled_spans);
+  CHECK(wrote.remote == server.url());
+
+  auto second = test::tiny_engine(1, with_redis(server.url()));
+  bool compiled = false;
+  second->add_schema(pml::parse_schema_string(test::kTripSchema),
+                     [&](const std::string&, const CompileProgress&) { compiled = true; });
+  CHECK_FALSE(compiled);
+  CHECK(second->compile_report("trip").source == "loaded from " + server.url());
+  const TierStats read = second->tier_stats();
+  CHECK(read.compiled_spans == 0);
+  CHECK(read.recompiles == 0);
+  CHECK(read.remote_loads == wrote.compiled_spans);
+  CHECK(read.remote_puts == 0);  // already there
+  for (const auto& prompt : kPrompts) {
+    INFO(prompt);
+    CHECK(second->generate_xml(prompt, greedy()).tokens ==
+          first->generate_xml(prompt, greedy()).tokens);
+    CHECK(torch::equal(logits_of(*second, prompt), logits_of(*first, prompt)));
+  }
+  CHECK(second->tier_stats().recompiles == 0);
+}
+
+TEST_CASE("a damaged value in redis is a miss, never served", "[cache][redis]") {
+  test::RedisServer server;
+  REQUIRE_REDIS(server);
+  auto first = test::tiny_engine(1, with_redis(server.url()));
+  first->add_schema_string(test::kTripSchema);
+  // Every span's value with one byte of its states flipped.
+  const auto& layout = first->layout("trip");
+  const auto model_fp = model_fingerprint(first->model());
+  const auto keys = span_keys(layout, model_fp, first->model().dtype(), first->model().kv_dtype(),
+                              EncodingMode::kScaffold);
+  auto redis = RedisTier::connect(server.url());
+  for (const auto& [span, key] : keys) {
+    std::string value = RedisTier::encode(first->store().find("trip", span)->kv);
+    value[value.size() - 1] ^= 0x20;
+    REQUIRE(redis->put_value(remote_key(model_fp, layout_fingerprint(layout), span, key), value));
+  }
+  auto second = test::tiny_engine(1, with_redis(server.url()));
+  second->add_schema_string(test::kTripSchema);
+  CHECK(second->compile_report("trip").source == "compiled");
+  CHECK(second->tier_stats().compiled_spans > 0);
+  CHECK(second->tier_stats().remote_loads == 0);
+  for (const auto& prompt : kPrompts) {
+    CHECK(second->generate_xml(prompt, greedy()).tokens ==
+          first->generate_xml(prompt, greedy()).tokens);
+  }
+}
+
+TEST_CASE("spans evicted from host memory come back from redis", "[cache][redis]") {
+  test::RedisServer server;
+  REQUIRE_REDIS(server);
+  auto reference = test::tiny_engine();
+  reference->add_schema_string(test::kTripSchema);
+  auto engine = test::tiny_engine(1, with_redis(server.url(), 1));
+  engine->add_schema_string(test::kTripSchema);
+  for (const auto& prompt : kPrompts) {
+    CHECK(engine->generate_xml(prompt, greedy()).tokens ==
+          reference->generate_xml(prompt, greedy()).tokens);
+  }
+  const TierStats s = engine->tier_stats();
+  CHECK(s.evictions > 0);
+  CHECK(s.remote_loads == s.misses);
+  CHECK(s.recompiles == 0);
+}
+
+TEST_CASE("a redis server killed while requests run leaves every answer right", "[cache][redis]") {
+  auto server = std::make_unique<test::RedisServer>();
+  REQUIRE_REDIS(*server);
+  auto reference = test::tiny_engine();
+  reference->add_schema_string(test::kTripSchema);
+  std::vector<std::vector<TokenId>> expected;
+  for (const auto& prompt : kPrompts) {
+    expected.push_back(reference->generate_xml(prompt, greedy()).tokens);
+  }
+  // A budget of one byte: every request takes its spans from a lower tier (redis, then the
+  // model).
+  auto engine = test::tiny_engine(1, with_redis(server->url(), 1));
+  engine->add_schema_string(test::kTripSchema);
+  std::atomic<int> wrong{0}, done{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 3; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 8; ++i) {
+        const std::size_t p = static_cast<std::size_t>(t + i) % kPrompts.size();
+        if (engine->generate_xml(kPrompts[p], greedy()).tokens != expected[p]) ++wrong;
+        ++done;
+      }
+    });
+  }
+  while (done < 4) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  server->kill();  // mid-run: requests are looking spans up in it now
+  for (auto& t : threads) t.join();
+  CHECK(wrong == 0);
+  const TierStats s = engine->tier_stats();
+  CHECK(s.remote_loads > 0);  // before the kill
+  CHECK(s.recompiles > 0);    // after it
+  // And the engine keeps answering with redis gone.
+  CHECK(engine->generate_xml(kPrompts[0], greedy()).tokens == expected[0]);
+}

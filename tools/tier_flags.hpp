@@ -1,0 +1,24 @@
+// The span tiers on the command line: byte sizes for --max-host-bytes / --max-device-bytes and
+// the stats `--stats` prints (promptcache/cache/span_store.hpp).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "promptcache/engine.hpp"
+
+namespace promptcache::cli {
+
+// "1048576", "512K", "64M", "2G" (powers of 1024); "" is 0 (no limit). UsageError naming `flag`
+// otherwise.
+int64_t parse_byte_size(const std::string& text, const std::string& flag);
+
+nlohmann::json tier_stats_json(const TierStats& s);
+// `j`'s "schema_source" (how the schema's states came to be: compile_report().source) and
+// "tiers" (tier_stats_json).
+void add_tier_stats(nlohmann::json& j, const Engine& engine, const std::string& schema);
+// {"tiers": {...}} as one line on stderr.
+void print_tier_stats(const Engine& engine);
+
+}  // namespace promptcache::cli
