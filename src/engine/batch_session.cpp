@@ -70,7 +70,7 @@ std::optional<BatchSession::RowId> BatchSession::admit(const pml::Prompt& prompt
                                                        const RequestOptions& request) {
   const double start = now_ms();
   params.validate();
-  if (request.recompute != 0) {
+  if (request.recompute.value_or(0) != 0) {
     throw Error(ErrorKind::kInvalidArgument,
                 "recompute applies to single prompts; a batch session takes recompute = 0");
   }
