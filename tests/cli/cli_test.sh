@@ -185,7 +185,7 @@ p=sys.argv[1]; b=bytearray(open(p,"rb").read()); b[-10]^=0x55; open(p,"wb").writ
     "$pc" cache rm --cache-dir "$d" --schema trip >"$work/rm2.txt" 2>&1 || fail "rm"
     [ -z "$(ls "$d")" ] || fail "files left: $(ls "$d")"
     "$pc" compile "$src/schemas/trip.xml" --model "$work/tiny" >"$work/c4.txt" 2>&1 && fail "compile without a destination"
-    expect_in "--out FILE or --cache-dir DIR" "$work/c4.txt"
+    expect_in "--out FILE, --cache-dir DIR or --redis URL" "$work/c4.txt"
     ;;
   qa)
     tiny
