@@ -345,9 +345,14 @@ void KVCache::keep_rows(const std::vector<int64_t>& rows) {
 }
 
 void KVCache::add_rows(int64_t n) {
-  if (n <= 0 || !rows_all_.defined()) {
+  if (n <= 0) {
     throw Error(ErrorKind::kInvalidArgument,
-                "KV cache add_rows: n must be positive and the cache allocated");
+                "KV cache add_rows: n must be positive, got " + std::to_string(n));
+  }
+  if (!rows_all_.defined()) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "KV cache add_rows: the cache has no buffer (default-constructed; make it with a "
+                "shape first)");
   }
   const int64_t old_rows = shape_.batch;
   shape_.batch += n;

@@ -166,3 +166,74 @@ TEST_CASE("KV cache block writes and references check their blocks", "[kv_cache]
   CHECK(torch::equal(cache.keys(0).narrow(2, 0, 1), a[0][0].narrow(1, 0, 1).unsqueeze(0)));
   CHECK(torch::equal(cache.keys(0).narrow(2, 1, 2), b[0][0].unsqueeze(0)));
 }
+
+TEST_CASE("KV cache add_rows keeps the rows it has and adds empty, usable ones", "[kv_cache]") {
+  torch::manual_seed(7);
+  // Two rows with their own states and positions in 5 of 8 slots.
+  KVCache cache = make(8, 2);
+  const auto a = block(5), b = block(5);
+  cache.write_block(0, a, 0);
+  cache.write_block(0, b, 1);
+  cache.fill_external(5, range(0, 5));
+  cache.set_row_positions(1, 0, range(10, 5));
+  const auto before = cache.all_slots(0, 5).clone();
+
+  // Beyond the rows allocated: the buffer grows and the filled slots are copied over.
+  cache.add_rows(1);
+  CHECK(cache.shape().batch == 3);
+  CHECK(cache.length() == 5);
+  CHECK(cache.capacity() == 8);
+  CHECK(torch::equal(cache.all_slots(0, 5).narrow(2, 0, 2), before));
+  CHECK(cache.row_positions(0) == range(0, 5));
+  CHECK(cache.row_positions(1) == range(10, 5));
+  CHECK(cache.row_positions(2) == std::vector<int64_t>(5, -1));
+  CHECK(cache.positions() == range(0, 5));
+
+  // The new row takes states and positions of its own; then every row appends a token, as a
+  // batched decode step does.
+  const auto c = block(5);
+  cache.write_block(0, c, 2);
+  cache.set_row_positions(2, 0, range(20, 5));
+  const auto token = torch::randn({3, kHeads, 1, kDim});
+  for (int64_t l = 0; l < kLayers; ++l) cache.write_pending(l, token * (l + 1), token * (l + 2));
+  cache.commit({5});
+  CHECK(torch::equal(cache.all_slots(0, 5).narrow(2, 0, 2), before));
+  CHECK(torch::equal(cache.all_slots(0, 5).select(2, 2), c));
+  for (int64_t l = 0; l < kLayers; ++l) {
+    CHECK(torch::equal(cache.keys(l).narrow(2, 5, 1), token * (l + 1)));
+    CHECK(torch::equal(cache.values(l).narrow(2, 5, 1), token * (l + 2)));
+  }
+  auto positions = range(20, 5);
+  positions.push_back(5);
+  CHECK(cache.row_positions(2) == positions);
+  CHECK(cache.row_positions(0) == range(0, 6));
+
+  // Rows keep_rows dropped are taken back without allocating; the kept rows stay bit-identical
+  // and the taken-back ones hold no states (position -1).
+  cache.keep_rows({0, 2});
+  const auto kept = cache.all_slots(0, 6).clone();
+  const void* buffer = cache.all_slots(0, 1).data_ptr();
+  cache.add_rows(2);
+  CHECK(cache.shape().batch == 4);
+  CHECK(cache.all_slots(0, 1).data_ptr() == buffer);
+  CHECK(torch::equal(cache.all_slots(0, 6).narrow(2, 0, 2), kept));
+  CHECK(cache.row_positions(1) == positions);
+  CHECK(cache.row_positions(2) == std::vector<int64_t>(6, -1));
+  CHECK(cache.row_positions(3) == std::vector<int64_t>(6, -1));
+  cache.write_block(0, block(6), 3);
+  cache.set_row_positions(3, 0, range(30, 6));
+  CHECK(cache.row_positions(3) == range(30, 6));
+  CHECK(torch::equal(cache.all_slots(0, 6).narrow(2, 0, 2), kept));
+
+  // Bad arguments are refused, naming the call, and change nothing.
+  CHECK_THROWS_WITH(cache.add_rows(0),
+                    Catch::Contains("add_rows") && Catch::Contains("positive, got 0"));
+  CHECK_THROWS_WITH(cache.add_rows(-2), Catch::Contains("add_rows") && Catch::Contains("-2"));
+  CHECK_THROWS_AS(cache.add_rows(0), Error);
+  CHECK(cache.shape().batch == 4);
+  CHECK(cache.length() == 6);
+  KVCache unallocated;
+  CHECK_THROWS_WITH(unallocated.add_rows(1),
+                    Catch::Contains("add_rows") && Catch::Contains("no buffer"));
+  CHECK(unallocated.shape().batch == 1);
+}
