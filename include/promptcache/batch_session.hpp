@@ -13,11 +13,14 @@
 // feeds every active row its last token in one batched forward, each row attending to its own
 // prompt slots and to the slots its decoding appended. A row whose sequence ends is reported
 // once by step() and leaves the batch (its row is reused by the next admit, or dropped with
-// KVCache::keep_rows once enough rows are free).
+// KVCache::keep_rows once enough rows are free). admit_tokens() does the same for a prompt of
+// plain token ids (no modules), prefilled in the session's prefix store after the longest prefix
+// it shares with the previous plain prompt, and copied into its row from there.
 //
 // Contract (tests/contracts/test_session_exact.cpp): a prompt gets what Engine::generate gives it
 // alone — the same tokens under greedy decoding or the same seed, logits equal within float
-// rounding — whenever it is admitted and whatever else runs beside it.
+// rounding — whenever it is admitted and whatever else runs beside it; a plain prompt gets what
+// generate() (generation.hpp) gives its ids alone.
 //
 // Slots: every row shares the cache's slot count, which grows by one per step while any row
 // decodes and by a long prompt's excess over it at admission (the rows' decoded slots then move
@@ -67,6 +70,19 @@ class BatchSession {
   std::optional<RowId> admit(const pml::Prompt& prompt, const SamplingParams& params,
                              TokenCallback on_token = {}, const RequestOptions& request = {});
 
+  // A prompt without modules (the model as a plain LLM): token ids at positions 0..n-1. The
+  // session keeps the states of the last plain prompt it admitted (and, once that one has
+  // finished, of the tokens it generated) and copies the longest prefix the next plain prompt
+  // shares with them into its row instead of running it again (exact prefix reuse, as in vLLM,
+  // SGLang and llama-server); only the rest is prefilled, at least the last prompt token (its
+  // logits give the first token). Response::cached_tokens and reused_tokens count the prefix,
+  // fresh_tokens the rest. Errors: kPrompt for an empty prompt, kContextOverflow past the model's
+  // context, bad parameters. Nothing (and no work done) when there is no room now, as admit().
+  std::optional<RowId> admit_tokens(const std::vector<TokenId>& prompt,
+                                    const SamplingParams& params, TokenCallback on_token = {});
+  // The tokens whose states the plain prefix store holds (slot i = position i).
+  const std::vector<TokenId>& prefix_tokens() const { return prefix_tokens_; }
+
   // One decode step for every active row; returns the rows that finished (each once).
   std::vector<Finished> step();
 
@@ -85,6 +101,16 @@ class BatchSession {
   // Where a new prompt of `prompt_slots` slots goes: a free row's index, or rows() for a new one.
   int64_t place_row() const;
   bool fits(int64_t prompt_slots, int64_t decode_room) const;
+  // fits(), after dropping the slots no running row needs when it does not.
+  bool make_room(int64_t prompt_slots, int64_t decode_room);
+  // Makes the prefilled `prompt` states (`logits`: after its last token) row `row` of the batch
+  // and samples its first token; `response` carries the prompt's token counts and timings.
+  RowId join(int64_t row, const KVCache& prompt, const torch::Tensor& logits,
+             std::vector<TokenId> history, const SamplingParams& params, TokenCallback on_token,
+             int64_t room, double start, Response response, uint64_t prefix_version);
+  // A finished plain row whose prompt the prefix store still holds: its fed-back tokens' states
+  // are appended there, so a follow-up that repeats the answer reuses them too.
+  void keep_generated(const Row& r, int64_t row, const std::vector<TokenId>& tokens);
   void write_row(int64_t row, const KVCache& prompt);
   void retire_finished(std::vector<Finished>& out);
   // The most slots a row still running needs (its prompt and its decoding).
@@ -102,6 +128,9 @@ class BatchSession {
   BatchSessionOptions options_;
   KVCache cache_;    // the batch: row r holds rows_[r]
   KVCache scratch_;  // one prompt's assembly and prefill (keeps its modules for the next)
+  KVCache prefix_;   // the plain prefix store: states of prefix_tokens_ (batch 1)
+  std::vector<TokenId> prefix_tokens_;
+  uint64_t prefix_version_ = 0;  // changes whenever prefix_ does
   std::vector<std::unique_ptr<Row>> rows_;
   RowId next_id_ = 1;
   int64_t compactions_ = 0;

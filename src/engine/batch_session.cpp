@@ -10,13 +10,14 @@ namespace promptcache {
 struct BatchSession::Row {
   RowId id = 0;
   std::unique_ptr<TokenStream> stream;
-  int64_t prompt_slots = 0;   // slots [0, prompt_slots) hold its prompt's states
-  int64_t decode_begin = 0;   // slots from here on are its decoding (those between: not its own)
-  TokenId next_token = -1;    // fed at the next step
-  int64_t next_position = 0;  // the position it is fed at
-  int64_t room = 0;           // decode steps it may still take (its share of the slots)
-  bool finished = false;      // its sequence ended
-  bool reported = false;      // step() returned it: the row is free for the next admit
+  int64_t prompt_slots = 0;     // slots [0, prompt_slots) hold its prompt's states
+  int64_t decode_begin = 0;     // slots from here on are its decoding (those between: not its own)
+  TokenId next_token = -1;      // fed at the next step
+  int64_t next_position = 0;    // the position it is fed at
+  int64_t room = 0;             // decode steps it may still take (its share of the slots)
+  bool finished = false;        // its sequence ended
+  bool reported = false;        // step() returned it: the row is free for the next admit
+  uint64_t prefix_version = 0;  // a plain row: the prefix store's version after its admission
   double start_ms = 0, first_token_ms = 0, last_token_ms = 0;
   Response response;
 };
@@ -64,6 +65,12 @@ bool BatchSession::fits(int64_t prompt_slots, int64_t decode_room) const {
   return std::max(cache_.length(), prompt_slots) + room <= options_.max_slots;
 }
 
+bool BatchSession::make_room(int64_t prompt_slots, int64_t decode_room) {
+  if (fits(prompt_slots, decode_room)) return true;
+  compact();
+  return fits(prompt_slots, decode_room);
+}
+
 std::optional<BatchSession::RowId> BatchSession::admit(const pml::Prompt& prompt,
                                                        const SamplingParams& params,
                                                        TokenCallback on_token,
@@ -84,22 +91,89 @@ std::optional<BatchSession::RowId> BatchSession::admit(const pml::Prompt& prompt
   // The prompt's slots are at most its positions (checked before any work is done).
   const auto bound =
       static_cast<int64_t>(request.use_cache ? resolved.next_position() : resolved.baseline.size());
-  if (!fits(bound, room)) {
-    compact();
-    if (!fits(bound, room)) return std::nullopt;
-  }
+  if (!make_room(bound, room)) return std::nullopt;
 
   // Assembled and prefilled alone, exactly as generate does (the states are copied below).
   Engine::Prefill pre =
       engine_.prefill_with(request.use_cache ? entry.get() : nullptr, resolved, scratch_,
                            request.use_cache, 0, AssembleOptions{request.reuse_buffer, false}, {});
+  Response response;
+  response.timings.assembly_ms = pre.assembled.ms;
+  response.timings.fresh_prefill_ms = pre.prefill_ms;
+  response.cached_tokens = pre.assembled.cached_tokens;
+  response.reused_tokens = pre.assembled.reused_tokens;
+  response.fresh_tokens = static_cast<int64_t>(pre.assembled.fresh_tokens.size());
+  response.kv_bytes = pre.assembled.kv_bytes;
+  return join(row, scratch_, pre.logits, resolved.baseline, params, std::move(on_token), room,
+              start, std::move(response), 0);
+}
 
+std::optional<BatchSession::RowId> BatchSession::admit_tokens(const std::vector<TokenId>& prompt,
+                                                              const SamplingParams& params,
+                                                              TokenCallback on_token) {
+  const double start = now_ms();
+  params.validate();
+  const LlamaModel& model = engine_.model();
+  const auto n = static_cast<int64_t>(prompt.size());
+  const int64_t context = model.config().max_position_embeddings;
+  if (n == 0) throw Error(ErrorKind::kPrompt, "the prompt has no tokens");
+  if (n > context) {
+    throw Error(ErrorKind::kContextOverflow, "the prompt is " + std::to_string(n) +
+                                                 " tokens but the model's context is " +
+                                                 std::to_string(context));
+  }
+  const int64_t room = decode_room(params.max_new_tokens, context);
+  const int64_t row = place_row();
+  if (row >= options_.max_rows || !make_room(n, room)) return std::nullopt;
+
+  if (prefix_.layers() == 0) prefix_ = model.make_cache(0);
+  // Slot i of the store depends only on tokens 0..i, so a shared prefix is exact.
+  int64_t keep = 0;
+  const auto common = static_cast<int64_t>(std::min(prefix_tokens_.size(), prompt.size()));
+  while (keep < common && prefix_tokens_[keep] == prompt[keep]) ++keep;
+  keep = std::min(keep, n - 1);
+  if (keep < prefix_.length()) prefix_.truncate(keep);
+  prefix_tokens_.resize(static_cast<std::size_t>(keep));
+  ++prefix_version_;
+  // Room for the tokens it generates too, kept here once it finishes (keep_generated).
+  prefix_.reserve(std::min(context, n + room));
+
+  const double prefill_start = now_ms();
+  std::vector<int64_t> ids(prompt.begin() + keep, prompt.end()), positions(ids.size());
+  for (std::size_t i = 0; i < positions.size(); ++i) positions[i] = keep + static_cast<int64_t>(i);
+  const auto int64 = torch::TensorOptions().dtype(torch::kInt64);
+  torch::Tensor logits;
+  try {
+    logits = model.forward(torch::tensor(ids, int64).unsqueeze(0),
+                           torch::tensor(positions, int64).unsqueeze(0), prefix_);
+    synchronize(logits);
+  } catch (...) {
+    prefix_.clear();
+    prefix_tokens_.clear();
+    throw;
+  }
+  prefix_tokens_ = prompt;
+  Response response;
+  response.timings.fresh_prefill_ms = now_ms() - prefill_start;
+  response.cached_tokens = keep;
+  response.reused_tokens = keep;
+  response.fresh_tokens = n - keep;
+  return join(row, prefix_, logits, prompt, params, std::move(on_token), room, start,
+              std::move(response), prefix_version_);
+}
+
+BatchSession::RowId BatchSession::join(int64_t row, const KVCache& prompt,
+                                       const torch::Tensor& logits, std::vector<TokenId> history,
+                                       const SamplingParams& params, TokenCallback on_token,
+                                       int64_t room, double start, Response response,
+                                       uint64_t prefix_version) {
+  const int64_t context = engine_.model().config().max_position_embeddings;
   if (rows_.empty()) {
     cache_.clear();
   } else if (row == rows()) {
     cache_.add_rows(1);
   }
-  const int64_t prompt_slots = scratch_.length();
+  const int64_t prompt_slots = prompt.length();
   const int64_t length = std::max(cache_.length(), prompt_slots);
   int64_t needed = length + room;
   for (const auto& r : rows_) {
@@ -112,29 +186,24 @@ std::optional<BatchSession::RowId> BatchSession::admit(const pml::Prompt& prompt
   // A prompt longer than the batch's slots: every row's decoded slots move up to make room (the
   // slots between a row's prompt and its decoding are hidden from it).
   if (prompt_slots > cache_.length()) move_decoded(prompt_slots - cache_.length());
-  write_row(row, scratch_);
+  write_row(row, prompt);
 
   auto r = std::make_unique<Row>();
   r->id = next_id_++;
   r->prompt_slots = prompt_slots;
   r->decode_begin = cache_.length();
   r->room = room;
+  r->prefix_version = prefix_version;
   r->start_ms = start;
   r->stream = std::make_unique<TokenStream>(engine_.model(), engine_.tokenizer(), params,
-                                            resolved.baseline, std::move(on_token));
-  Response& response = r->response;
-  response.timings.assembly_ms = pre.assembled.ms;
-  response.timings.fresh_prefill_ms = pre.prefill_ms;
-  response.cached_tokens = pre.assembled.cached_tokens;
-  response.reused_tokens = pre.assembled.reused_tokens;
-  response.fresh_tokens = static_cast<int64_t>(pre.assembled.fresh_tokens.size());
-  response.kv_bytes = pre.assembled.kv_bytes;
+                                            std::move(history), std::move(on_token));
+  r->response = std::move(response);
 
   // The first token, from the prefill's logits (generate's first iteration).
-  auto host = pre.logits.reshape({-1}).to(torch::kCPU, torch::kFloat32).contiguous();
+  auto host = logits.reshape({-1}).to(torch::kCPU, torch::kFloat32).contiguous();
   TokenId id = r->stream->sample(host.data_ptr<float>(), static_cast<std::size_t>(host.numel()));
   r->first_token_ms = r->last_token_ms = now_ms();
-  r->next_position = scratch_.max_position() + 1;
+  r->next_position = prompt.max_position() + 1;
   if ((id = r->stream->accept(id)) >= 0 && (r->room <= 0 || r->next_position >= context)) {
     r->stream->stop(StopReason::kContextFull);
     id = -1;
@@ -148,6 +217,22 @@ std::optional<BatchSession::RowId> BatchSession::admit(const pml::Prompt& prompt
     rows_[static_cast<std::size_t>(row)] = std::move(r);
   }
   return admitted;
+}
+
+void BatchSession::keep_generated(const Row& r, int64_t row, const std::vector<TokenId>& tokens) {
+  if (r.prefix_version == 0 || r.prefix_version != prefix_version_) return;
+  // Decoded slot i holds the i-th token fed back (tokens[i], at position n + i).
+  const int64_t fed =
+      std::min<int64_t>(r.response.timings.decode_tokens, static_cast<int64_t>(tokens.size()));
+  if (fed <= 0) return;
+  const int64_t n = prefix_.length();
+  prefix_.reserve(n + fed);
+  prefix_.write_block(n, cache_.all_slots(r.decode_begin, fed).select(2, row).contiguous());
+  std::vector<int64_t> positions(static_cast<std::size_t>(fed));
+  for (int64_t i = 0; i < fed; ++i) positions[static_cast<std::size_t>(i)] = n + i;
+  prefix_.fill_external(fed, positions);
+  prefix_tokens_.insert(prefix_tokens_.end(), tokens.begin(), tokens.begin() + fed);
+  ++prefix_version_;
 }
 
 void BatchSession::write_row(int64_t row, const KVCache& prompt) {
@@ -267,9 +352,11 @@ std::vector<BatchSession::Finished> BatchSession::step() {
 }
 
 void BatchSession::retire_finished(std::vector<Finished>& out) {
-  for (auto& r : rows_) {
+  for (std::size_t i = 0; i < rows_.size(); ++i) {
+    auto& r = rows_[i];
     if (!r->finished || r->reported) continue;
     GenerationResult result = r->stream->take_result();
+    keep_generated(*r, static_cast<int64_t>(i), result.tokens);
     Response& response = r->response;
     response.text = std::move(result.text);
     response.tokens = std::move(result.tokens);

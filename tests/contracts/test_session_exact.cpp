@@ -187,3 +187,141 @@ TEST_CASE("session: a prompt waits while the slots are taken, and a callback sto
   CHECK_THROWS_AS(
       session.admit(pml::parse_prompt_string("<prompt schema=\"nope\">x</prompt>"), params), Error);
 }
+
+TEST_CASE(
+    "session-exact: plain prompts join beside module prompts, reuse the stored prefix and "
+    "get what generate gives them alone",
+    "[contract][batch]") {
+  auto engine = test::tiny_engine(4);
+  const auto c = test::make_case(5, "m", 2);
+  engine->add_schema_string(c.schema);
+  const Tokenizer& tok = engine->tokenizer();
+  const auto ids = [&](const std::string& text) { return tok.encode(text, tok.adds_bos()); };
+  const auto params = [](int n) {
+    SamplingParams p;
+    p.max_new_tokens = n;
+    p.stop_at_eos = false;
+    return p;
+  };
+  const std::vector<TokenId> p0 = ids("Once upon a time there was a little cat who liked fish.");
+  const std::vector<TokenId> p1 = ids("Once upon a time there was a big dog in the park.");
+  std::size_t shared = 0;
+  while (shared < std::min(p0.size(), p1.size()) && p0[shared] == p1[shared]) ++shared;
+  REQUIRE(shared >= 4);
+  REQUIRE(shared < p1.size() - 1);
+
+  BatchSessionOptions options;
+  options.max_rows = 4;
+  BatchSession session(*engine, options);
+  struct Plain {
+    std::vector<TokenId> prompt;
+    SamplingParams params;
+    int64_t reused = 0;  // the prefix it must take from the store
+    std::optional<Response> together;
+    std::string streamed;
+  };
+  std::vector<Plain> plain;
+  std::map<BatchSession::RowId, std::size_t> of_row;  // plain rows
+  std::map<BatchSession::RowId, std::optional<Response>> module_rows;
+  const auto admit_plain = [&](std::vector<TokenId> prompt, SamplingParams p, int64_t reused) {
+    const std::size_t i = plain.size();
+    plain.push_back({std::move(prompt), p, reused, std::nullopt, ""});
+    const auto id =
+        session.admit_tokens(plain[i].prompt, p, [&plain, i](TokenId, const std::string& t) {
+          plain[i].streamed += t;
+          return true;
+        });
+    REQUIRE(id);
+    of_row[*id] = i;
+  };
+  const auto admit_module = [&](int which, int n) {
+    const auto id = session.admit(pml::parse_prompt_string(c.prompts[which]), params(n));
+    REQUIRE(id);
+    module_rows[*id];
+  };
+  const auto step = [&] {
+    for (auto& done : session.step()) {
+      if (of_row.count(done.id)) {
+        plain[of_row[done.id]].together = std::move(done.response);
+      } else {
+        REQUIRE(module_rows.count(done.id) == 1);
+        module_rows[done.id] = std::move(done.response);
+      }
+    }
+  };
+
+  // A module prompt decodes; the first plain prompt joins it (nothing stored yet), a second
+  // joins later and takes the prefix the two share; the same prompt again takes all but its last
+  // token. One of them samples with a seed.
+  admit_module(0, 12);
+  step();
+  admit_plain(p0, params(7), 0);
+  step();
+  step();
+  SamplingParams seeded = params(9);
+  seeded.temperature = 0.9;
+  seeded.seed = 17;
+  admit_plain(p1, seeded, static_cast<int64_t>(shared));
+  admit_module(1, 5);
+  CHECK(session.active() == 4);
+  // The batch is full: refused without touching the store.
+  CHECK_FALSE(session.admit_tokens(p0, params(3)));
+  CHECK(session.prefix_tokens() == p1);
+  step();
+  step();
+  while (session.active() == 4) step();
+  admit_plain(p1, params(6), static_cast<int64_t>(p1.size()) - 1);
+  CHECK(session.prefix_tokens() == p1);
+  while (!plain[2].together) step();
+  // Once it has finished, the store holds its prompt and the tokens fed back while it decoded
+  // (all but the last): a follow-up repeating the answer takes all of them.
+  std::vector<TokenId> follow = p1;
+  const auto& answer = plain[2].together->tokens;
+  REQUIRE(answer.size() == 6);
+  follow.insert(follow.end(), answer.begin(), answer.end() - 1);
+  CHECK(session.prefix_tokens() == follow);
+  const auto more = ids(" And then the dog went home.");
+  follow.insert(follow.end(), more.begin() + (tok.adds_bos() ? 1 : 0), more.end());
+  admit_plain(follow, params(8), static_cast<int64_t>(p1.size() + answer.size() - 1));
+  while (!session.empty()) step();
+
+  for (std::size_t i = 0; i < plain.size(); ++i) {
+    INFO("plain prompt " << i);
+    const Plain& p = plain[i];
+    REQUIRE(p.together.has_value());
+    std::string alone_streamed;
+    const GenerationResult alone =
+        generate(engine->model(), tok, p.prompt, p.params, [&](TokenId, const std::string& t) {
+          alone_streamed += t;
+          return true;
+        });
+    const Response& t = *p.together;
+    CHECK(t.tokens == alone.tokens);
+    CHECK(t.text == alone.text);
+    CHECK(p.streamed == alone_streamed);
+    CHECK(t.stop_reason == alone.stop_reason);
+    CHECK(t.tokens.size() == static_cast<std::size_t>(p.params.max_new_tokens));
+    CHECK(t.cached_tokens == p.reused);
+    CHECK(t.reused_tokens == p.reused);
+    CHECK(t.fresh_tokens == static_cast<int64_t>(p.prompt.size()) - p.reused);
+  }
+  for (const auto& [id, r] : module_rows) {
+    REQUIRE(r.has_value());
+    const std::size_t which = r->tokens.size() == 12 ? 0 : 1;
+    CHECK(r->tokens ==
+          engine->generate(pml::parse_prompt_string(c.prompts[which]), params(which ? 5 : 12))
+              .tokens);
+  }
+
+  // Bad plain prompts are errors, as in generate; the store is left as it was.
+  const auto held = session.prefix_tokens();
+  CHECK_THROWS_WITH(session.admit_tokens({}, params(2)), Catch::Contains("no tokens"));
+  const std::vector<TokenId> too_long(
+      static_cast<std::size_t>(engine->model().config().max_position_embeddings) + 1, p0[0]);
+  CHECK_THROWS_WITH(session.admit_tokens(too_long, params(2)), Catch::Contains("context"));
+  SamplingParams bad = params(2);
+  bad.temperature = -1;
+  CHECK_THROWS_AS(session.admit_tokens(p0, bad), Error);
+  CHECK(session.prefix_tokens() == held);
+  CHECK(session.empty());
+}
