@@ -36,7 +36,8 @@ Command register_serve(CLI::App& root) {
   app->add_option("--port,-p", o->port, "port to listen on (0: any free port)")
       ->capture_default_str()
       ->check(whole_number(0, 65535));
-  app->add_option("--max-batch", o->max_batch, "most prompt requests run together in one batch")
+  app->add_option("--max-batch", o->max_batch,
+                  "most requests (prompt and plain) decoding together in one batch")
       ->capture_default_str()
       ->check(whole_number(1, 1024));
   app->add_option("--http-threads", o->http_threads,

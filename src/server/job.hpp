@@ -63,8 +63,9 @@ struct Job {
   Kind kind = Kind::kPrompt;
   pml::Prompt prompt;                                           // kPrompt
   std::function<std::vector<TokenId>(const Engine&)> tokenize;  // kPlain: the prompt's ids
-  pml::Schema schema;                                           // kCompile
-  std::string schema_name;                                      // kDelete
+  std::vector<TokenId> ids;  // kPlain: tokenize's result, once accepted (the scheduler thread's)
+  pml::Schema schema;        // kCompile
+  std::string schema_name;   // kDelete
   SamplingParams params;
   bool use_cache = true;
   double arrival_ms = 0;

@@ -79,8 +79,8 @@ std::string Metrics::render(const Gauges& gauges) const {
   out += batch_size_.render("promptcache_batch_size",
                             "Most requests decoding together while a request ran.");
   out += fmt::format(
-      "# HELP promptcache_batch_joins_total Prompt requests admitted into a batch that was "
-      "already decoding.\n"
+      "# HELP promptcache_batch_joins_total Requests (prompt and plain) admitted into a batch "
+      "that was already decoding.\n"
       "# TYPE promptcache_batch_joins_total counter\n"
       "promptcache_batch_joins_total {}\n",
       joins_);

@@ -43,7 +43,7 @@ class Metrics {
   void observe_batch(int size);
   void add_tokens(int64_t cached, int64_t fresh, int64_t generated);
   void count_cancelled();
-  // A prompt request admitted into a batch that was already decoding (continuous batching).
+  // A request (prompt or plain) admitted into a batch that was already decoding.
   void count_join();
   std::string render(const Gauges& gauges) const;
 

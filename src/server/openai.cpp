@@ -1,6 +1,6 @@
 #include "openai.hpp"
 
-#include "prefix_session.hpp"
+#include "chat_encoding.hpp"
 #include "promptcache/pml/source.hpp"
 #include "views.hpp"
 

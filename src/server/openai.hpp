@@ -5,7 +5,8 @@
 //   "promptcache": {"schema": "docs", "modules": ["doc-a", {"name": "focus",
 //                   "arguments": {"topic": "x"}, "modules": [...]}], "use_cache": true}
 // The messages are then the prompt's turns after the selected modules. Without it the request
-// runs on the plain model, reusing the longest token prefix of the previous such request.
+// runs on the plain model (in the same continuous batch), reusing the longest token prefix of
+// the previous such request.
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -43,7 +43,6 @@ Scheduler::Scheduler(Engine& engine, Metrics& metrics, int max_batch, std::strin
       metrics_(metrics),
       max_batch_(std::max(1, max_batch)),
       cache_dir_(std::move(cache_dir)),
-      plain_(engine),
       batch_(std::make_unique<BatchSession>(engine, BatchSessionOptions{max_batch_, 0})) {}
 
 Scheduler::~Scheduler() {
@@ -148,7 +147,7 @@ void Scheduler::loop() {
         std::lock_guard<std::mutex> lock(mutex_);
         if (stopping_ || queue_.empty()) break;
         const Job::Kind kind = queue_.front()->kind;
-        if (kind != Job::Kind::kPrompt && kind != Job::Kind::kDelete) break;
+        if (kind == Job::Kind::kCompile) break;
         job = queue_.front();
         queue_.pop_front();
       }
@@ -179,37 +178,21 @@ void Scheduler::loop() {
       step();
       continue;
     }
-    // The batch has drained: the job at the front (not a prompt) runs alone.
+    // The batch has drained: the job at the front (a compile) runs alone.
     JobPtr job;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (stopping_) return;
-      if (queue_.empty() || queue_.front()->kind == Job::Kind::kPrompt) continue;
+      if (queue_.empty() || queue_.front()->kind != Job::Kind::kCompile) continue;
       job = queue_.front();
       queue_.pop_front();
     }
     try {
-      run_job(*job);
+      run_compile(*job);
     } catch (const std::exception& e) {
-      // run_* report their own errors; this is what escaped them (a bug or no memory).
+      // run_compile reports its own errors; this is what escaped it (a bug or no memory).
       job->channel.push(internal_error_event(e));
     }
-  }
-}
-
-void Scheduler::run_job(Job& job) {
-  switch (job.kind) {
-    case Job::Kind::kPlain:
-      run_plain(job);
-      break;
-    case Job::Kind::kCompile:
-      run_compile(job);
-      break;
-    case Job::Kind::kDelete:
-      run_delete(job);
-      break;
-    case Job::Kind::kPrompt:
-      break;  // admitted into the batch instead
   }
 }
 
@@ -242,34 +225,48 @@ void Scheduler::finish(Job& job, Response r, int batch_size, double run_start) {
   job.channel.push(std::move(ev));
 }
 
+void Scheduler::accept(Job& job) {
+  const int64_t limit = engine_.model().config().max_position_embeddings;
+  Event ev;
+  ev.type = Event::Type::kAccepted;
+  if (job.kind == Job::Kind::kPlain) {
+    job.ids = job.tokenize(engine_);
+    if (job.ids.empty()) throw Error(ErrorKind::kPrompt, "the prompt has no tokens");
+    if (static_cast<int64_t>(job.ids.size()) > limit) {
+      throw Error(ErrorKind::kContextOverflow, "the prompt is " + std::to_string(job.ids.size()) +
+                                                   " tokens but the model's context is " +
+                                                   std::to_string(limit));
+    }
+    ev.prompt_tokens = static_cast<int64_t>(job.ids.size());
+  } else {
+    const pml::ResolvedPrompt resolved = engine_.resolve(job.prompt);
+    const std::size_t needed = job.use_cache ? resolved.next_position() : resolved.baseline.size();
+    if (static_cast<int64_t>(needed) > limit) {
+      throw Error(ErrorKind::kContextOverflow,
+                  "the prompt needs positions up to " + std::to_string(needed - 1) +
+                      " but the model's context is " + std::to_string(limit),
+                  resolved.where);
+    }
+    ev.prompt_tokens = static_cast<int64_t>(resolved.baseline.size());
+  }
+  job.channel.push(std::move(ev));
+  job.accepted = true;
+}
+
 bool Scheduler::admit(const JobPtr& job) {
   if (job->cancelled.load()) {
     metrics_.count_cancelled();
     return true;
   }
   try {
-    if (!job->accepted) {
-      // Checked before the first token can stream, so a bad request gets its error first.
-      const pml::ResolvedPrompt resolved = engine_.resolve(job->prompt);
-      const int64_t limit = engine_.model().config().max_position_embeddings;
-      const std::size_t needed =
-          job->use_cache ? resolved.next_position() : resolved.baseline.size();
-      if (static_cast<int64_t>(needed) > limit) {
-        throw Error(ErrorKind::kContextOverflow,
-                    "the prompt needs positions up to " + std::to_string(needed - 1) +
-                        " but the model's context is " + std::to_string(limit),
-                    resolved.where);
-      }
-      Event ev;
-      ev.type = Event::Type::kAccepted;
-      ev.prompt_tokens = static_cast<int64_t>(resolved.baseline.size());
-      job->channel.push(std::move(ev));
-      job->accepted = true;
-    }
+    // Checked before the first token can stream, so a bad request gets its error first.
+    if (!job->accepted) accept(*job);
     const double run_start = now_ms();
     const int64_t before = batch_->active();
-    const auto row =
-        batch_->admit(job->prompt, job->params, stream_to(*job), RequestOptions{job->use_cache});
+    const auto row = job->kind == Job::Kind::kPlain
+                         ? batch_->admit_tokens(job->ids, job->params, stream_to(*job))
+                         : batch_->admit(job->prompt, job->params, stream_to(*job),
+                                         RequestOptions{job->use_cache});
     if (!row) return false;
     if (before > 0 && decoding_) metrics_.count_join();
     running_[*row] = {job, run_start, static_cast<int>(batch_->active())};
@@ -301,32 +298,6 @@ void Scheduler::step() {
     running_.erase(it);
     metrics_.observe_batch(r.batch_size);
     finish(*r.job, std::move(f.response), r.batch_size, r.run_start);
-  }
-}
-
-void Scheduler::run_plain(Job& job) {
-  const double run_start = now_ms();
-  if (job.cancelled.load()) {
-    metrics_.count_cancelled();
-    return;
-  }
-  try {
-    const std::vector<TokenId> ids = job.tokenize(engine_);
-    const int64_t limit = engine_.model().config().max_position_embeddings;
-    if (ids.empty()) throw Error(ErrorKind::kPrompt, "the prompt has no tokens");
-    if (static_cast<int64_t>(ids.size()) > limit) {
-      throw Error(ErrorKind::kContextOverflow, "the prompt is " + std::to_string(ids.size()) +
-                                                   " tokens but the model's context is " +
-                                                   std::to_string(limit));
-    }
-    Event accepted;
-    accepted.type = Event::Type::kAccepted;
-    accepted.prompt_tokens = static_cast<int64_t>(ids.size());
-    job.channel.push(std::move(accepted));
-    metrics_.observe_batch(1);
-    finish(job, plain_.generate(ids, job.params, stream_to(job)), 1, run_start);
-  } catch (const Error& e) {
-    job.channel.push(error_event(e));
   }
 }
 

@@ -1,10 +1,11 @@
 // The scheduler thread: the only thread that runs requests on the Engine. HTTP handlers submit
-// Jobs and read their results from each job's Channel. Prompt requests are batched continuously
+// Jobs and read their results from each job's Channel. Prompt requests and plain completions
+// (no modules; BatchSession::admit_tokens, with exact prefix reuse) are batched continuously
 // (BatchSession): one that arrives while others decode joins the batch before the next decode
 // step (up to max_batch rows, each with its own sampling parameters), and one that finishes
 // leaves it at once. A delete runs at once (requests running on the schema keep its states).
-// Plain completions and compiles run in arrival order: prompts queued behind one wait until the
-// batch has drained and it has run.
+// Compiles run in arrival order: requests queued behind one wait until the batch has drained and
+// it has run.
 #pragma once
 
 #include <condition_variable>
@@ -20,7 +21,6 @@
 
 #include "job.hpp"
 #include "metrics.hpp"
-#include "prefix_session.hpp"
 #include "promptcache/batch_session.hpp"
 
 namespace promptcache::server {
@@ -45,19 +45,19 @@ class Scheduler {
   Gauges gauges() const;
 
  private:
-  // A prompt job admitted into the batch.
+  // A prompt or plain job admitted into the batch.
   struct Running {
     JobPtr job;
     double run_start = 0;
     int batch_size = 1;  // most rows decoding together while it ran
   };
   void loop();
-  // Checks the prompt and admits it into the batch; false (the job untouched) when the batch has
-  // no room for it now.
+  // Checks the prompt (PML or plain ids) and admits it into the batch; false (the job waiting)
+  // when the batch has no room for it now.
   bool admit(const JobPtr& job);
+  // Sends kAccepted once the job's prompt is known to fit; throws its Error otherwise.
+  void accept(Job& job);
   void step();
-  void run_job(Job& job);
-  void run_plain(Job& job);
   void run_compile(Job& job);
   void run_delete(Job& job);
   void finish(Job& job, Response r, int batch_size, double run_start);
@@ -69,7 +69,6 @@ class Scheduler {
   Metrics& metrics_;
   const int max_batch_;
   const std::string cache_dir_;
-  PrefixSession plain_;
   std::unique_ptr<BatchSession> batch_;             // scheduler thread only
   std::map<BatchSession::RowId, Running> running_;  // its rows
   bool decoding_ = false;  // the batch has decoded a step since it was last empty

@@ -1,9 +1,10 @@
 // `promptcache serve` over HTTP: every endpoint, streaming, batching of concurrent clients,
 // errors, client disconnects and the API key. Each test starts its own server on a free port.
 #include <atomic>
+#include <functional>
 #include <thread>
 
-#include "prefix_session.hpp"
+#include "chat_encoding.hpp"
 #include "server/server_fixture.hpp"
 
 using nlohmann::json;
@@ -35,6 +36,30 @@ int check_answers(const std::vector<json>& answers, const std::vector<Response>&
     largest_batch = std::max(largest_batch, answers[i]["batch_size"].get<int>());
   }
   return largest_batch;
+}
+
+// Client 0 posts a PML prompt that decodes `anchor_tokens` tokens; 30 ms later `clients` others
+// start, `gap_ms` apart, each running send(i), so that they arrive while client 0 decodes.
+// Returns client 0's answer.
+json while_anchor_decodes(const TestServer& s, int anchor_tokens, int clients, int gap_ms,
+                          const std::function<void(int)>& send) {
+  json anchor;
+  std::thread first([&] {
+    Posted r = post(s, "/v1/prompt",
+                    json{{"prompt", docs_prompt(5)}, {"max_new_tokens", anchor_tokens}}.dump());
+    anchor = r.status == 200 ? json::parse(r.body) : json{{"status", r.status}};
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < clients; ++i) {
+    threads.emplace_back([&, i] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms * i));
+      send(i);
+    });
+  }
+  for (auto& t : threads) t.join();
+  first.join();
+  return anchor;
 }
 
 }  // namespace
@@ -185,33 +210,20 @@ TEST_CASE("serve: 16 clients arriving while a batch decodes join it and get thei
   for (int i = 0; i < kClients; ++i) {
     expected.push_back(ref->generate_xml(docs_prompt(i), greedy(length(i))));
   }
-  json anchor;
-  std::thread first([&] {
-    Posted r =
-        post(s, "/v1/prompt", json{{"prompt", docs_prompt(5)}, {"max_new_tokens", kAnchor}}.dump());
-    anchor = r.status == 200 ? json::parse(r.body) : json{{"status", r.status}};
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
   std::vector<json> answers(kClients);
-  std::vector<std::thread> clients;
-  for (int i = 0; i < kClients; ++i) {
-    clients.emplace_back([&, i] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10 * i));
-      Posted r = post(
-          s, "/v1/prompt",
-          json{{"prompt", docs_prompt(i)}, {"max_new_tokens", length(i)}, {"stream", i % 3 == 0}}
-              .dump());
-      if (r.status != 200) {
-        answers[i] = json{{"status", r.status}, {"body", r.body}};
-      } else if (i % 3 == 0) {  // server-sent events, the last one the answer
-        answers[i] = sse_events(r.body).back();
-      } else {
-        answers[i] = json::parse(r.body);
-      }
-    });
-  }
-  for (auto& t : clients) t.join();
-  first.join();
+  const json anchor = while_anchor_decodes(s, kAnchor, kClients, 10, [&](int i) {
+    Posted r =
+        post(s, "/v1/prompt",
+             json{{"prompt", docs_prompt(i)}, {"max_new_tokens", length(i)}, {"stream", i % 3 == 0}}
+                 .dump());
+    if (r.status != 200) {
+      answers[i] = json{{"status", r.status}, {"body", r.body}};
+    } else if (i % 3 == 0) {  // server-sent events, the last one the answer
+      answers[i] = sse_events(r.body).back();
+    } else {
+      answers[i] = json::parse(r.body);
+    }
+  });
   REQUIRE(anchor.contains("token_ids"));
   CHECK(anchor["token_ids"].size() == static_cast<std::size_t>(kAnchor));
   const int largest_batch = check_answers(answers, expected);
@@ -220,6 +232,94 @@ TEST_CASE("serve: 16 clients arriving while a batch decodes join it and get thei
   // Every client arrived while client 0 decoded.
   CHECK(joins == kClients);
   CHECK(largest_batch >= 2);
+}
+
+TEST_CASE("serve: 16 plain OpenAI clients and 8 module clients join one running batch",
+          "[server]") {
+  server::ServerOptions options;
+  options.max_batch = 25;
+  TestServer s(options, long_context_engine());
+  post_schema(s, docs_schema());
+  auto ref = long_context_engine();
+  ref->add_schema_string(docs_schema());
+  REQUIRE(ref->tokenizer().adds_bos());  // every plain prompt shares at least the BOS token
+  // Client 0 (a PML prompt) decodes thousands of tokens; 16 plain clients (chat and text
+  // completions without modules) and 8 PML clients arrive 8 ms apart while it does. Each must
+  // get its single-request answer, and each must have joined the running batch.
+  constexpr int kPlain = 16, kModules = 8, kClients = kPlain + kModules, kAnchor = 3000;
+  static const char* stories[] = {"the cat", "the dog", "a bird", "the boat"};
+  const auto length = [](int i) { return 5 + (i % 4) * 3; };
+  const auto is_plain = [](int i) { return i % 3 != 2; };  // 16 of the 24
+  std::vector<json> bodies;
+  std::vector<std::string> paths;
+  std::vector<std::string> expected_text;
+  std::vector<std::vector<TokenId>> expected_tokens;
+  for (int i = 0, plain = 0; i < kClients; ++i) {
+    if (!is_plain(i)) {
+      paths.push_back("/v1/prompt");
+      bodies.push_back({{"prompt", docs_prompt(i)}, {"max_new_tokens", length(i)}});
+      const Response r = ref->generate_xml(docs_prompt(i), greedy(length(i)));
+      expected_text.push_back(r.text);
+      expected_tokens.push_back(r.tokens);
+      continue;
+    }
+    const bool chat = plain++ % 2 == 0;
+    const std::string ask = std::string("Tell me about ") + stories[i % 4] + ".";
+    std::vector<pml::Turn> turns;
+    if (chat) {
+      paths.push_back("/v1/chat/completions");
+      bodies.push_back({{"messages",
+                         {{{"role", "system"}, {"content", "You tell stories."}},
+                          {{"role", "user"}, {"content", ask}}}},
+                        {"max_tokens", length(i)}});
+      turns = {{pml::ChatRole::kSystem, "You tell stories.", {}}, {pml::ChatRole::kUser, ask, {}}};
+    } else {
+      paths.push_back("/v1/completions");
+      bodies.push_back({{"prompt", "Once upon a time, " + ask}, {"max_tokens", length(i)}});
+      turns = {{std::nullopt, "Once upon a time, " + ask, {}}};
+    }
+    const std::vector<TokenId> ids =
+        server::encode_chat(ref->tokenizer(), ref->chat_template(), turns);
+    const GenerationResult r = generate(ref->model(), ref->tokenizer(), ids, greedy(length(i)));
+    expected_text.push_back(r.text);
+    expected_tokens.push_back(r.tokens);
+  }
+  std::vector<json> answers(kClients);
+  const json anchor = while_anchor_decodes(s, kAnchor, kClients, 8, [&](int i) {
+    Posted r = post(s, paths[i], bodies[i].dump());
+    answers[i] =
+        r.status == 200 ? json::parse(r.body) : json{{"status", r.status}, {"body", r.body}};
+  });
+  REQUIRE(anchor.contains("token_ids"));
+  CHECK(anchor["token_ids"].size() == static_cast<std::size_t>(kAnchor));
+  int plain_without_reuse = 0, largest_plain_batch = 0;
+  for (int i = 0; i < kClients; ++i) {
+    INFO("client " << i << " " << paths[i] << ": " << answers[i].dump());
+    if (!is_plain(i)) {
+      REQUIRE(answers[i].contains("token_ids"));
+      CHECK(answers[i]["text"] == expected_text[i]);
+      CHECK(answers[i]["token_ids"].get<std::vector<TokenId>>() == expected_tokens[i]);
+      continue;
+    }
+    REQUIRE(answers[i].contains("choices"));
+    const json& choice = answers[i]["choices"][0];
+    CHECK((choice.contains("message") ? choice["message"]["content"] : choice["text"]) ==
+          expected_text[i]);
+    CHECK(answers[i]["usage"]["completion_tokens"] == expected_tokens[i].size());
+    const int cached = answers[i]["usage"]["prompt_tokens_details"]["cached_tokens"];
+    plain_without_reuse += cached == 0;
+    largest_plain_batch =
+        std::max(largest_plain_batch, answers[i]["promptcache"]["batch_size"].get<int>());
+  }
+  const double joins = metric(s, "promptcache_batch_joins_total");
+  WARN("joins " << joins << ", largest batch of a plain request " << largest_plain_batch);
+  // Every client arrived while client 0 decoded, and joined its batch (plain ones too: run one
+  // at a time, they would have waited for it).
+  CHECK(joins == kClients);
+  CHECK(largest_plain_batch >= 2);
+  CHECK(metric(s, "promptcache_batch_size_count") == kClients + 1);
+  // Exact prefix reuse across the batch: only the first plain request found nothing stored.
+  CHECK(plain_without_reuse == 1);
 }
 
 TEST_CASE("serve: a client that disconnects stops its generation", "[server]") {
