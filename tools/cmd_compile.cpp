@@ -2,7 +2,6 @@
 // cache folder), so later runs, `qa` sessions and servers load them instead of compiling.
 #include <fmt/format.h>
 
-#include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -33,7 +32,8 @@ Command register_compile(CLI::App& root) {
   add_model_options(*app, o->model);
   add_engine_flags(*app, o->engine);
   app->add_option("--out,-o", o->out, "states file to write (or use --cache-dir)");
-  app->add_flag("--force", o->force, "compile even when the file is up to date");
+  app->add_flag("--force", o->force,
+                "compile even when the file or Redis holds the states, and replace them");
   app->add_flag("--json", o->json, "print one JSON object with what was done");
   return {app, [o]() {
             if (o->out.empty() && o->engine.cache_dir.empty() && o->engine.redis.empty()) {
@@ -44,11 +44,11 @@ Command register_compile(CLI::App& root) {
             print_warnings(schema.warnings);
             auto engine = open_engine(o->model, o->engine);
             std::string file = states_file(*engine, schema, o->out, o->engine);
-            if (o->force) {
-              std::error_code ec;
-              std::filesystem::remove(file, ec);
-            }
-            engine->add_schema(schema, o->json ? Engine::ProgressCallback() : progress_bar(), file);
+            // --force compiles past the file and Redis; the old file stays until the new one
+            // replaces it (a failed compile leaves it).
+            engine->add_schema(
+                schema, o->json ? Engine::ProgressCallback() : progress_bar(), file,
+                o->force ? Engine::StatesPolicy::kRecompile : Engine::StatesPolicy::kReuse);
             const CompileReport& r = engine->compile_report(schema.name);
             const bool loaded = r.source.rfind("loaded from", 0) == 0;
             if (file.empty()) file = engine->tier_stats().remote;  // --redis alone

@@ -127,8 +127,12 @@ class Engine {
   // model's context), or one that fails to compile, leaves the engine as it was (an earlier
   // version of it stays loaded: the new states are built beside the old ones); one compiled but
   // not saved (Error(kIo) naming the file) is added before the error is thrown.
+  // `policy` kRecompile compiles even when the file or the remote store holds the states, and
+  // overwrites both (`promptcache compile --force`).
+  enum class StatesPolicy { kReuse, kRecompile };
   const pml::Layout& add_schema(const pml::Schema& schema, const ProgressCallback& progress = {},
-                                const std::string& cache_file = "");
+                                const std::string& cache_file = "",
+                                StatesPolicy policy = StatesPolicy::kReuse);
   const pml::Layout& add_schema_file(const std::string& path, const ProgressCallback& progress = {},
                                      const std::string& cache_file = "");
   const pml::Layout& add_schema_string(const std::string& xml,

@@ -158,8 +158,10 @@ std::shared_ptr<const SchemaSpans> SpanStore::adopt(const pml::Layout& layout, C
     }
     lock.unlock();
     int64_t puts = 0;
+    // Freshly compiled spans overwrite what the store holds (`compile --force` replaces a value
+    // it distrusts; otherwise the value is the same); loaded ones are written only when missing.
     for (const auto& [key, s] : missing) {
-      if (!remote_->contains(key) && remote_->put(key, s.kv)) ++puts;
+      if ((compiled || !remote_->contains(key)) && remote_->put(key, s.kv)) ++puts;
     }
     lock.lock();
     stats_.remote_puts += puts;

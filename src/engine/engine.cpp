@@ -87,7 +87,7 @@ pml::Layout Engine::layout_only(const pml::Schema& schema) const {
 }
 
 const pml::Layout& Engine::add_schema(const pml::Schema& schema, const ProgressCallback& progress,
-                                      const std::string& cache_file) {
+                                      const std::string& cache_file, StatesPolicy policy) {
   // One at a time; requests go on meanwhile. The new version is built beside the old one (which
   // requests in flight, and until it is published new ones, keep using) and replaces it at once.
   std::lock_guard<std::mutex> adding(add_mutex_);
@@ -102,7 +102,8 @@ const pml::Layout& Engine::add_schema(const pml::Schema& schema, const ProgressC
   auto let_go = [&] {
     if (spans_->budgeted()) entry->states = CacheStore();
   };
-  if (!cache_file.empty() && std::filesystem::exists(cache_file)) {
+  const bool reuse = policy == StatesPolicy::kReuse;
+  if (reuse && !cache_file.empty() && std::filesystem::exists(cache_file)) {
     const double start = now_ms();
     try {
       load_cache_file(cache_file, entry->layout, entry->states, *model_, options_.encoding);
@@ -117,7 +118,7 @@ const pml::Layout& Engine::add_schema(const pml::Schema& schema, const ProgressC
       entry->states = CacheStore();
     }
   }
-  if (entry->report.source == "compiled" && spans_->remote() != nullptr) {
+  if (reuse && entry->report.source == "compiled" && spans_->remote() != nullptr) {
     // Another process may have compiled it into the shared store.
     const double start = now_ms();
     if (spans_->load_remote(entry->layout, entry->states)) {

@@ -407,6 +407,18 @@ assert t["compiled_spans"] == 0 and t["recompiles"] == 0 and t["remote_loads"] >
 assert r["token_ids"] == local["token_ids"]
 PY
     grep -q "compiling" "$work/r.err" && fail "process 2 showed a compile progress bar"
+    # --force compiles past Redis and writes every span again.
+    "$pc" compile "$src/schemas/trip.xml" --model "$work/tiny" --redis "$url" --json >"$work/c2.json" 2>"$work/e" || fail "compile again: $(cat "$work/e")"
+    python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["up_to_date"] and j["tiers"]["compiled_spans"] == 0, j' "$work/c2.json" || fail "a second compile did not load from Redis: $(cat "$work/c2.json")"
+    "$pc" compile "$src/schemas/trip.xml" --model "$work/tiny" --redis "$url" --force --json >"$work/c3.json" 2>"$work/e" || fail "compile --force: $(cat "$work/e")"
+    python3 - "$work/c.json" "$work/c3.json" <<'PY' || fail "compile --force --redis did not compile and write again: $(cat "$work/c3.json")"
+import json, sys
+first, forced = (json.load(open(f)) for f in sys.argv[1:3])
+assert forced["source"] == "compiled" and not forced["up_to_date"], forced
+t = forced["tiers"]
+assert t["compiled_spans"] > 0 and t["remote_loads"] == 0, t
+assert t["remote_puts"] == first["tiers"]["remote_puts"], (t, first["tiers"])
+PY
     ;;
   *) fail "unknown case" ;;
 esac

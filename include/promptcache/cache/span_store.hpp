@@ -95,7 +95,7 @@ class SpanStore {
   // A key stays stored while a SchemaSpans naming it lives: the last one's release drops it from
   // every tier (a schema replaced or removed frees its states). The store must outlive them.
   // `compiled`: the states were compiled now (counted in compiled_spans). With a remote store,
-  // spans it does not hold yet are written there.
+  // compiled spans are written there (replacing its values), loaded ones when it lacks them.
   std::shared_ptr<const SchemaSpans> adopt(const pml::Layout& layout, CacheStore& states,
                                            const std::string& cache_file, bool compiled);
 
