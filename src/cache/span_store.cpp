@@ -63,11 +63,16 @@ std::map<std::size_t, std::string> span_keys(const pml::Layout& layout,
 }
 
 // One key's states in each tier, and its place in each tier's LRU list.
+// A slot's states in one memory tier, and its place in that tier's LRU list while held there.
+struct SpanStore::Residence {
+  SpanStates states;
+  bool held = false;
+  std::list<Slot*>::iterator at;
+};
+
 struct SpanStore::Slot {
   std::string key;
-  SpanStates host, device;
-  bool in_host = false, in_device = false;
-  std::list<Slot*>::iterator host_at, device_at;
+  Residence host, device;
   int64_t owners = 0;  // SchemaSpans naming the key
 };
 
@@ -83,6 +88,12 @@ SpanStore::SpanStore(const LlamaModel& model, EncodingMode mode, int64_t chunk_t
       mode_(mode),
       chunk_tokens_(chunk_tokens),
       budgets_(budgets),
+      host_{{}, &Slot::host, &TierStats::host_bytes, &TierStats::host_spans, budgets.host_bytes},
+      device_{{},
+              &Slot::device,
+              &TierStats::device_bytes,
+              &TierStats::device_spans,
+              budgets.device_bytes},
       remote_(std::move(remote)) {
   if (remote_) stats_.remote = remote_->url();
   if (budgets.host_bytes < 0 || budgets.device_bytes < 0) {
@@ -104,7 +115,7 @@ bool SpanStore::on_device() const {
 }
 
 SpanStates& SpanStore::top(Slot& slot) const {
-  return on_device() ? slot.device : slot.host;
+  return (on_device() ? slot.device : slot.host).states;
 }
 
 std::shared_ptr<const SchemaSpans> SpanStore::adopt(const pml::Layout& layout, CacheStore& states,
@@ -139,10 +150,8 @@ std::shared_ptr<const SchemaSpans> SpanStore::adopt(const pml::Layout& layout, C
     if (top(slot).kv.defined()) {
       ++stats_.shared;
       touch(slot);
-    } else if (on_device()) {
-      set_device(slot, given);
     } else {
-      set_host(slot, given);
+      put(top_tier(), slot, given);
     }
     canonical.emplace_back(span, top(slot));
   }
@@ -199,8 +208,8 @@ void SpanStore::release(const std::vector<std::string>& keys) {
   for (const auto& key : keys) {
     auto it = slots_.find(key);
     if (it == slots_.end() || --it->second->owners > 0) continue;
-    drop_device(*it->second);
-    drop_host(*it->second);
+    drop(device_, *it->second);
+    drop(host_, *it->second);
     slots_.erase(it);  // a request holding it keeps its own reference until it ends
   }
 }
@@ -268,11 +277,11 @@ bool SpanStore::attached(const SlotPtr& slot) const {
 SpanStates SpanStore::promote(std::unique_lock<std::mutex>& lock, const SlotPtr& slot,
                               const pml::Layout& layout, const SchemaSpans& schema,
                               std::size_t span) {
-  if (on_device() && slot->host.kv.defined()) {
+  if (on_device() && slot->host.held) {
     ++stats_.promotions;
-    set_device(*slot,
-               SpanStates::from_block(slot->host.kv.to(model_.kv_options()), slot->host.begin));
-    return slot->device;
+    const SpanStates& host = slot->host.states;
+    put(device_, *slot, SpanStates::from_block(host.kv.to(model_.kv_options()), host.begin));
+    return slot->device.states;
   }
   // Not stored in memory: re-read from the schema's cache file, else compiled again, without
   // the lock (other requests go on meanwhile).
@@ -320,13 +329,8 @@ SpanStates SpanStore::promote(std::unique_lock<std::mutex>& lock, const SlotPtr&
     ++stats_.recompiles;
   }
   if (!attached(slot)) return got;
-  if (!top(*slot).kv.defined()) {  // else another request brought it meanwhile
-    if (on_device()) {
-      set_device(*slot, std::move(got));
-    } else {
-      set_host(*slot, std::move(got));
-    }
-  }
+  // Else another request brought it meanwhile.
+  if (!top(*slot).kv.defined()) put(top_tier(), *slot, std::move(got));
   touch(*slot);
   return top(*slot);
 }
@@ -335,80 +339,61 @@ uint64_t SpanStore::resident_id(const std::string& key) const {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = slots_.find(key);
   if (it == slots_.end()) return 0;
-  const SpanStates& s = on_device() ? it->second->device : it->second->host;
+  const SpanStates& s = top(*it->second);
   return s.kv.defined() ? s.id : 0;
 }
 
-void SpanStore::set_host(Slot& slot, SpanStates states) {
-  drop_host(slot);
-  slot.host = std::move(states);
-  stats_.host_bytes += slot.host.bytes();
-  ++stats_.host_spans;
-  host_lru_.push_front(&slot);
-  slot.host_at = host_lru_.begin();
-  slot.in_host = true;
+void SpanStore::put(MemoryTier& tier, Slot& slot, SpanStates states) {
+  drop(tier, slot);
+  Residence& r = slot.*tier.residence;
+  r.states = std::move(states);
+  stats_.*tier.bytes += r.states.bytes();
+  ++(stats_.*tier.spans);
+  tier.lru.push_front(&slot);
+  r.at = tier.lru.begin();
+  r.held = true;
 }
 
-void SpanStore::set_device(Slot& slot, SpanStates states) {
-  drop_device(slot);
-  slot.device = std::move(states);
-  stats_.device_bytes += slot.device.bytes();
-  ++stats_.device_spans;
-  device_lru_.push_front(&slot);
-  slot.device_at = device_lru_.begin();
-  slot.in_device = true;
-}
-
-void SpanStore::drop_host(Slot& slot) {
-  if (!slot.in_host) return;
-  stats_.host_bytes -= slot.host.bytes();
-  --stats_.host_spans;
-  host_lru_.erase(slot.host_at);
-  slot.host = SpanStates();
-  slot.in_host = false;
-}
-
-void SpanStore::drop_device(Slot& slot) {
-  if (!slot.in_device) return;
-  stats_.device_bytes -= slot.device.bytes();
-  --stats_.device_spans;
-  device_lru_.erase(slot.device_at);
-  slot.device = SpanStates();
-  slot.in_device = false;
+void SpanStore::drop(MemoryTier& tier, Slot& slot) {
+  Residence& r = slot.*tier.residence;
+  if (!r.held) return;
+  stats_.*tier.bytes -= r.states.bytes();
+  --(stats_.*tier.spans);
+  tier.lru.erase(r.at);
+  r = Residence();
 }
 
 void SpanStore::touch(Slot& slot) {
-  if (slot.in_host) host_lru_.splice(host_lru_.begin(), host_lru_, slot.host_at);
-  if (slot.in_device) device_lru_.splice(device_lru_.begin(), device_lru_, slot.device_at);
+  for (MemoryTier* tier : {&host_, &device_}) {
+    const Residence& r = slot.*tier->residence;
+    if (r.held) tier->lru.splice(tier->lru.begin(), tier->lru, r.at);
+  }
 }
 
-void SpanStore::enforce_budgets() {
+void SpanStore::evict_over_budget(MemoryTier& tier, const std::function<void(Slot&)>& before_drop) {
+  if (tier.budget <= 0) return;
   // A slot a request holds (a Pin's reference besides slots_') is skipped: it stays over budget
   // until the request's assembly is done and a later request evicts it.
   auto held = [&](const Slot& slot) { return slots_.at(slot.key).use_count() > 1; };
-  if (on_device() && budgets_.device_bytes > 0) {
-    for (auto it = device_lru_.end();
-         stats_.device_bytes > budgets_.device_bytes && it != device_lru_.begin();) {
-      Slot& slot = **--it;
-      if (held(slot)) continue;
-      if (!slot.in_host) {  // demoted to host memory
-        set_host(slot, SpanStates::from_block(slot.device.kv.to(torch::kCPU), slot.device.begin));
-      }
-      drop_device(slot);
-      ++stats_.evictions;
-      it = device_lru_.end();  // restart from the least recently used
-    }
+  for (auto it = tier.lru.end(); stats_.*tier.bytes > tier.budget && it != tier.lru.begin();) {
+    Slot& slot = **--it;
+    if (held(slot)) continue;
+    if (before_drop) before_drop(slot);
+    drop(tier, slot);
+    ++stats_.evictions;
+    it = tier.lru.end();  // restart from the least recently used
   }
-  if (budgets_.host_bytes > 0) {
-    for (auto it = host_lru_.end();
-         stats_.host_bytes > budgets_.host_bytes && it != host_lru_.begin();) {
-      Slot& slot = **--it;
-      if (held(slot)) continue;
-      drop_host(slot);
-      ++stats_.evictions;
-      it = host_lru_.end();
-    }
+}
+
+void SpanStore::enforce_budgets() {
+  if (on_device()) {
+    evict_over_budget(device_, [&](Slot& slot) {
+      if (slot.host.held) return;
+      const SpanStates& states = slot.device.states;  // demoted to host memory
+      put(host_, slot, SpanStates::from_block(states.kv.to(torch::kCPU), states.begin));
+    });
   }
+  evict_over_budget(host_, nullptr);
 }
 
 TierStats SpanStore::stats() const {

@@ -23,6 +23,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -151,14 +152,26 @@ class SpanStore {
   SpanStates promote(std::unique_lock<std::mutex>& lock, const SlotPtr& slot,
                      const pml::Layout& layout, const SchemaSpans& schema, std::size_t span);
   bool attached(const SlotPtr& slot) const;  // still slots_' own
-  void set_host(Slot& slot, SpanStates states);
-  void set_device(Slot& slot, SpanStates states);
-  void touch(Slot& slot);
+  struct Residence;
+  // One memory tier (host memory, the device): the slots it holds, most recently used first,
+  // where a slot keeps its states for it, its counters in stats_ and its budget (0: none).
+  struct MemoryTier {
+    std::list<Slot*> lru;
+    Residence Slot::*residence;
+    int64_t TierStats::*bytes;
+    int64_t TierStats::*spans;
+    int64_t budget;
+  };
+  MemoryTier& top_tier() { return on_device() ? device_ : host_; }
+  void put(MemoryTier& tier, Slot& slot, SpanStates states);
+  void drop(MemoryTier& tier, Slot& slot);
+  void touch(Slot& slot);  // most recently used in every tier that holds it
+  // Drops tier's least recently used slots that no request holds until it is within budget;
+  // `before_drop` sees each first (the device demotes it to host memory).
+  void evict_over_budget(MemoryTier& tier, const std::function<void(Slot&)>& before_drop);
   void enforce_budgets();
   void release(const std::vector<std::string>& keys);
   void unpin(std::vector<SlotPtr>& held);
-  void drop_host(Slot& slot);
-  void drop_device(Slot& slot);
 
   const LlamaModel& model_;
   EncodingMode mode_;
@@ -168,8 +181,7 @@ class SpanStore {
   std::string fingerprint_;
   mutable std::mutex mutex_;
   std::unordered_map<std::string, SlotPtr> slots_;
-  // Most recently used first; a slot is in a list while the tier holds it.
-  std::list<Slot*> host_lru_, device_lru_;
+  MemoryTier host_, device_;
   TierStats stats_;
   std::unique_ptr<RedisTier> remote_;
 };
