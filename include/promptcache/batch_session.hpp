@@ -63,8 +63,10 @@ class BatchSession {
   ~BatchSession();
 
   // Resolves, assembles and prefills the prompt, samples its first token (streamed through
-  // on_token) and makes it a row of the batch. Errors as Engine::generate (unknown schema,
-  // context overflow, bad parameters; recompute is refused). Nothing (and no work done) when the
+  // on_token) and makes it a row of the batch. RequestOptions::recompute (or the schema's
+  // default) applies as in generate: the chosen tokens are recomputed while the prompt is
+  // prefilled alone. Errors as Engine::generate (unknown schema, context overflow, bad
+  // parameters, a recompute share outside [0, 1]). Nothing (and no work done) when the
   // batch is full or its slots cannot hold the prompt now. A prompt whose sequence ends at its
   // first token is reported by the next step().
   std::optional<RowId> admit(const pml::Prompt& prompt, const SamplingParams& params,

@@ -76,8 +76,7 @@ struct RequestOptions {
   // The share r in [0, 1] of the cached tokens whose states are recomputed in the prompt's full
   // context, chosen by recompute_criterion (promptcache/recompute.hpp, docs/fidelity.md): 0 is
   // plain Prompt Cache, 1 the no-cache result. Unset: the schema's recompute attribute, else 0.
-  // Single prompts only: generate_batch refuses a value other than 0 here and runs a schema's
-  // default as 0 (Response::recomputed_tokens says so).
+  // generate_batch and BatchSession apply it too (each recomputing prompt is prefilled alone).
   std::optional<double> recompute;
   RecomputeCriterion recompute_criterion = RecomputeCriterion::kDeviation;
   int64_t recompute_select_layer = 1;  // RecomputeOptions::select_layer (kDeviation)
@@ -168,7 +167,10 @@ class Engine {
   // generate(prompts[i], params) gives — the same tokens under greedy decoding or the same seed,
   // logits equal within float rounding — except that assembly_ms and fresh_prefill_ms are the
   // whole batch's. With use_cache = false each prompt runs its baseline sequence, batched the
-  // same way. reuse_buffer does not apply: a batch copies every span it selects.
+  // same way. reuse_buffer does not apply: a batch copies every span it selects. When a prompt
+  // recomputes (RequestOptions::recompute, or its schema's default), the batch runs as a
+  // BatchSession instead: each prompt is prefilled alone, recompute included, and they decode
+  // together (each Response then has its own timings).
   std::vector<Response> generate_batch(const std::vector<pml::Prompt>& prompts,
                                        const SamplingParams& params = {},
                                        const BatchTokenCallback& on_token = {},
@@ -243,6 +245,11 @@ class Engine {
   std::unique_ptr<PooledBuffer> take_buffer(const SchemaEntry& entry,
                                             const pml::ResolvedPrompt& resolved);
   std::unique_ptr<PooledBuffer> take_batch_buffer(int64_t rows);
+  // generate_batch for prompts of which some recompute: a BatchSession of them all.
+  std::vector<Response> generate_in_session(const std::vector<pml::Prompt>& prompts,
+                                            const SamplingParams& params,
+                                            const BatchTokenCallback& on_token,
+                                            const RequestOptions& request);
   void give_back(std::unique_ptr<PooledBuffer> buffer, bool batch, bool finished);
 
   Prefill prefill_with(const SchemaEntry* entry, const pml::ResolvedPrompt& resolved,

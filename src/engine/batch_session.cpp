@@ -77,10 +77,6 @@ std::optional<BatchSession::RowId> BatchSession::admit(const pml::Prompt& prompt
                                                        const RequestOptions& request) {
   const double start = now_ms();
   params.validate();
-  if (request.recompute.value_or(0) != 0) {
-    throw Error(ErrorKind::kInvalidArgument,
-                "recompute applies to single prompts; a batch session takes recompute = 0");
-  }
   const int64_t context = engine_.model().config().max_position_embeddings;
   const int64_t room = decode_room(params.max_new_tokens, context);
   const int64_t row = place_row();
@@ -93,16 +89,20 @@ std::optional<BatchSession::RowId> BatchSession::admit(const pml::Prompt& prompt
       static_cast<int64_t>(request.use_cache ? resolved.next_position() : resolved.baseline.size());
   if (!make_room(bound, room)) return std::nullopt;
 
-  // Assembled and prefilled alone, exactly as generate does (the states are copied below).
-  Engine::Prefill pre =
-      engine_.prefill_with(request.use_cache ? entry.get() : nullptr, resolved, scratch_,
-                           request.use_cache, 0, AssembleOptions{request.reuse_buffer, false}, {});
+  // Assembled and prefilled alone, exactly as generate does, recompute included (the states are
+  // copied below; a recomputed scratch buffer is never reused as if it held the stored states).
+  Engine::Prefill pre = engine_.prefill_with(
+      request.use_cache ? entry.get() : nullptr, resolved, scratch_, request.use_cache, 0,
+      AssembleOptions{request.reuse_buffer, false},
+      RecomputeOptions{request.recompute.value_or(entry->layout.recompute.value_or(0)),
+                       request.recompute_criterion, request.recompute_select_layer});
   Response response;
   response.timings.assembly_ms = pre.assembled.ms;
   response.timings.fresh_prefill_ms = pre.prefill_ms;
   response.cached_tokens = pre.assembled.cached_tokens;
   response.reused_tokens = pre.assembled.reused_tokens;
   response.fresh_tokens = static_cast<int64_t>(pre.assembled.fresh_tokens.size());
+  response.recomputed_tokens = pre.recomputed_tokens;
   response.kv_bytes = pre.assembled.kv_bytes;
   return join(row, scratch_, pre.logits, resolved.baseline, params, std::move(on_token), room,
               start, std::move(response), 0);

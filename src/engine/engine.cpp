@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <numeric>
 
+#include "promptcache/batch_session.hpp"
 #include "promptcache/error.hpp"
 
 namespace promptcache {
@@ -458,6 +460,33 @@ Response Engine::generate(const pml::Prompt& prompt, const SamplingParams& param
   return r;
 }
 
+std::vector<Response> Engine::generate_in_session(const std::vector<pml::Prompt>& prompts,
+                                                  const SamplingParams& params,
+                                                  const BatchTokenCallback& on_token,
+                                                  const RequestOptions& request) {
+  const auto rows = static_cast<int64_t>(prompts.size());
+  BatchSession session(*this, BatchSessionOptions{rows, 0});
+  std::map<BatchSession::RowId, std::size_t> index;  // row id -> prompt
+  std::vector<Response> responses(prompts.size());
+  auto collect = [&] {
+    for (auto& done : session.step()) responses[index.at(done.id)] = std::move(done.response);
+  };
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    TokenCallback row_callback;
+    if (on_token) {
+      row_callback = [&on_token, i](TokenId id, const std::string& text) {
+        return on_token(i, id, text);
+      };
+    }
+    // An empty session admits any prompt within the context, so this ends.
+    std::optional<BatchSession::RowId> id;
+    while (!(id = session.admit(prompts[i], params, row_callback, request))) collect();
+    index[*id] = i;
+  }
+  while (!session.empty()) collect();
+  return responses;
+}
+
 Engine::BatchPrefill Engine::prefill_batch(const std::vector<pml::ResolvedPrompt>& resolved,
                                            KVCache& cache, bool use_cache,
                                            int64_t extra_capacity) const {
@@ -546,18 +575,18 @@ std::vector<Response> Engine::generate_batch(const std::vector<pml::Prompt>& pro
   const double start = now_ms();
   if (prompts.empty()) return {};
   params.validate();
-  if (request.recompute.value_or(0) != 0) {
-    throw Error(ErrorKind::kInvalidArgument,
-                "recompute applies to single prompts; generate_batch takes recompute = 0");
-  }
   const auto rows = static_cast<int64_t>(prompts.size());
   // Each prompt's schema is held to the end, as in generate.
   std::vector<EntryPtr> entries;
   std::vector<pml::ResolvedPrompt> resolved;
+  bool recomputing = false;
   for (const auto& p : prompts) {
     entries.push_back(entry_for(p));
     resolved.push_back(pml::resolve(p, entries.back()->layout, *tokenizer_));
+    const double share = request.recompute.value_or(entries.back()->layout.recompute.value_or(0));
+    recomputing = recomputing || (request.use_cache && share != 0);
   }
+  if (recomputing) return generate_in_session(prompts, params, on_token, request);
   BufferLease buffer(*this, take_batch_buffer(rows), true);
   BatchPrefill pre = prefill_batch_with(
       entries, resolved, buffer->cache, request.use_cache,

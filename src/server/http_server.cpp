@@ -227,14 +227,17 @@ void Server::Impl::delete_schema(const std::string& name, httplib::Response& res
 void Server::Impl::post_prompt(const httplib::Request& req, httplib::Response& res) {
   const json body = parse_body(req.body);
   static const std::set<std::string> known = {
-      "prompt", "stream", "use_cache",          "max_new_tokens", "temperature",
-      "top_k",  "top_p",  "repetition_penalty", "seed",           "stop"};
+      "prompt",      "stream", "use_cache", "recompute",          "max_new_tokens",
+      "temperature", "top_k",  "top_p",     "repetition_penalty", "seed",
+      "stop"};
   for (const auto& [key, _] : body.items()) {
     if (!known.count(key)) {
-      throw Error(ErrorKind::kInvalidArgument,
-                  "unknown field '" + key +
-                      "' (known: prompt, stream, use_cache, max_new_tokens, temperature, top_k, "
-                      "top_p, repetition_penalty, seed, stop)");
+      throw Error(
+          ErrorKind::kInvalidArgument,
+          "unknown field '" + key +
+              "' (known: prompt, stream, use_cache, recompute, max_new_tokens, temperature, "
+              "top_k, "
+              "top_p, repetition_penalty, seed, stop)");
     }
   }
   if (!body.contains("prompt") || !body["prompt"].is_string()) {
@@ -251,6 +254,7 @@ void Server::Impl::post_prompt(const httplib::Request& req, httplib::Response& r
     }
   }
   job->use_cache = body.value("use_cache", true);
+  job->recompute = recompute_from_json(body, "recompute");
   const bool stream = body.value("stream", false);
   const bool use_cache = job->use_cache;
   Format f;

@@ -68,6 +68,7 @@ struct Job {
   std::string schema_name;   // kDelete
   SamplingParams params;
   bool use_cache = true;
+  std::optional<double> recompute;  // kPrompt: RequestOptions::recompute (unset: the schema's)
   double arrival_ms = 0;
   bool accepted = false;  // kAccepted was sent (the scheduler thread's: a prompt may wait for room)
   // Set by the handler when its client is gone: the token callbacks then return false.

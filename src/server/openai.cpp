@@ -108,7 +108,9 @@ pml::ModuleRef module_ref(const json& m, const std::string& where) {
 // The "promptcache" field: a PML prompt over `turns`.
 void select_modules(Job& job, const json& field, std::vector<pml::Turn> turns) {
   if (!field.is_object() || !field.contains("schema") || !field["schema"].is_string()) {
-    throw bad("'promptcache' must be an object with a 'schema' (and 'modules', 'use_cache')");
+    throw bad(
+        "'promptcache' must be an object with a 'schema' (and 'modules', 'use_cache', "
+        "'recompute')");
   }
   job.kind = Job::Kind::kPrompt;
   job.prompt.schema = field["schema"];
@@ -126,6 +128,7 @@ void select_modules(Job& job, const json& field, std::vector<pml::Turn> turns) {
       throw bad("'promptcache.use_cache' must be true or false");
     job.use_cache = field["use_cache"];
   }
+  job.recompute = recompute_from_json(field, "promptcache.recompute");
   job.prompt.turns = std::move(turns);
 }
 

@@ -125,8 +125,10 @@ std::optional<json> Scheduler::schema(const std::string& name) const {
 
 Gauges Scheduler::gauges() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  Gauges g{store_bytes_, static_cast<int64_t>(schemas_.size()),
-           static_cast<int64_t>(queue_.size())};
+  Gauges g;
+  g.store_bytes = store_bytes_;
+  g.schemas = static_cast<int64_t>(schemas_.size());
+  g.queued = static_cast<int64_t>(queue_.size());
   g.tiers = engine_.tier_stats();
   g.store_bytes = g.tiers.host_bytes + g.tiers.device_bytes;  // shared spans counted once
   return g;
@@ -263,10 +265,12 @@ bool Scheduler::admit(const JobPtr& job) {
     if (!job->accepted) accept(*job);
     const double run_start = now_ms();
     const int64_t before = batch_->active();
+    RequestOptions request;
+    request.use_cache = job->use_cache;
+    request.recompute = job->recompute;
     const auto row = job->kind == Job::Kind::kPlain
                          ? batch_->admit_tokens(job->ids, job->params, stream_to(*job))
-                         : batch_->admit(job->prompt, job->params, stream_to(*job),
-                                         RequestOptions{job->use_cache});
+                         : batch_->admit(job->prompt, job->params, stream_to(*job), request);
     if (!row) return false;
     if (before > 0 && decoding_) metrics_.count_join();
     running_[*row] = {job, run_start, static_cast<int>(batch_->active())};

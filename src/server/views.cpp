@@ -73,6 +73,7 @@ json response_json(const Response& r, bool use_cache, int batch_size, double que
             {"fresh", r.fresh_tokens},
             {"reused", r.reused_tokens},
             {"in_place", r.in_place_tokens},
+            {"recomputed", r.recomputed_tokens},
             {"generated", r.tokens.size()}}}};
 }
 
@@ -181,6 +182,15 @@ SamplingParams sampling_from_json(const json& body, const std::string& max_token
   }
   p.validate();
   return p;
+}
+
+std::optional<double> recompute_from_json(const json& body, const std::string& name) {
+  if (!body.contains("recompute") || body["recompute"].is_null()) return std::nullopt;
+  const json& v = body["recompute"];
+  if (!v.is_number() || !(v.get<double>() >= 0 && v.get<double>() <= 1)) {
+    throw field_error(name, "a number from 0 to 1", v);
+  }
+  return v.get<double>();
 }
 
 std::string dump(const json& j) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "promptcache/engine.hpp"
@@ -28,6 +29,9 @@ int error_status(const Error& e);
 // left to the caller. Error(kInvalidArgument) names the field ("'temperature' must be a number").
 // `max_tokens_key` is "max_new_tokens" (native) or "max_tokens" (OpenAI).
 SamplingParams sampling_from_json(const nlohmann::json& body, const std::string& max_tokens_key);
+// The body's "recompute" share (RequestOptions::recompute), a number in [0, 1]; nothing when it
+// is absent or null (the schema's default applies). Errors name the field as `name`.
+std::optional<double> recompute_from_json(const nlohmann::json& body, const std::string& name);
 
 // JSON text for the wire: a token's text cut inside a UTF-8 character (or a model's invalid
 // bytes) becomes U+FFFD instead of an exception.

@@ -182,7 +182,7 @@ TEST_CASE("session: a prompt waits while the slots are taken, and a callback sto
   CHECK(rest[0].response.tokens == alone.tokens);
   // Bad requests are errors, as in generate.
   RequestOptions recompute;
-  recompute.recompute = 0.5;
+  recompute.recompute = 1.5;
   CHECK_THROWS_AS(session.admit(prompt, params, {}, recompute), Error);
   CHECK_THROWS_AS(
       session.admit(pml::parse_prompt_string("<prompt schema=\"nope\">x</prompt>"), params), Error);

@@ -3,6 +3,10 @@
 // deterministic, and a recomputed buffer is not reused as if it held the stored states.
 #include "support/catch_torch.hpp"
 
+#include <map>
+#include <optional>
+
+#include "promptcache/batch_session.hpp"
 #include "promptcache/fidelity.hpp"
 #include "promptcache/recompute.hpp"
 #include "support/tiny_model.hpp"
@@ -30,6 +34,16 @@ std::vector<torch::Tensor> store_snapshot(const Engine& engine, const std::strin
   std::vector<torch::Tensor> out;
   for (const auto& [_, states] : engine.store().spans_of(schema)) out.push_back(states.kv.clone());
   return out;
+}
+
+// The story schema with recompute="0.5", in an engine of its own.
+std::unique_ptr<Engine> engine_with_default_recompute() {
+  auto engine = test::tiny_engine(6);
+  std::string schema = kStory;
+  schema.replace(0, std::string(R"(<schema name="story">)").size(),
+                 R"(<schema name="story" recompute="0.5">)");
+  engine->add_schema_string(schema);
+  return engine;
 }
 
 }  // namespace
@@ -174,11 +188,7 @@ TEST_CASE(
 
 TEST_CASE("a schema's recompute attribute is the default share and a request overrides it",
           "[fidelity]") {
-  auto engine = test::tiny_engine(6);
-  std::string schema = kStory;
-  schema.replace(0, std::string(R"(<schema name="story">)").size(),
-                 R"(<schema name="story" recompute="0.5">)");
-  engine->add_schema_string(schema);
+  auto engine = engine_with_default_recompute();
   SamplingParams one;
   one.max_new_tokens = 1;
   const auto by_default = engine->generate_xml(kGapPrompt, one);
@@ -189,10 +199,45 @@ TEST_CASE("a schema's recompute attribute is the default share and a request ove
   request.recompute = 1;
   const auto all = engine->generate_xml(kGapPrompt, one, {}, request);
   CHECK(all.recomputed_tokens == all.cached_tokens);
-  // Batches run plain Prompt Cache: the schema's default is not an error there.
-  const auto batch = engine->generate_batch({pml::parse_prompt_string(kGapPrompt)}, one);
-  REQUIRE(batch.size() == 1);
-  CHECK(batch[0].recomputed_tokens == 0);
+}
+
+TEST_CASE("batches recompute as single prompts do: the schema's default and a request's share",
+          "[fidelity]") {
+  auto engine = engine_with_default_recompute();
+  SamplingParams params;
+  params.max_new_tokens = 8;
+  const std::vector<pml::Prompt> prompts = {pml::parse_prompt_string(kGapPrompt),
+                                            pml::parse_prompt_string(kPrefixPrompt)};
+  for (std::optional<double> share :
+       {std::optional<double>(), std::optional<double>(0.25), std::optional<double>(0.0)}) {
+    RequestOptions request;
+    request.recompute = share;
+    std::vector<Response> alone;
+    for (const auto& p : prompts) alone.push_back(engine->generate(p, params, {}, request));
+    CHECK(alone[0].recomputed_tokens ==
+          recompute_count(share.value_or(0.5), alone[0].cached_tokens));
+    // generate_batch, and rows admitted into a running BatchSession, give each prompt what it
+    // gets alone, its recomputed tokens included.
+    const auto batch = engine->generate_batch(prompts, params, {}, request);
+    BatchSession session(*engine);
+    std::vector<std::optional<BatchSession::RowId>> ids;
+    ids.push_back(session.admit(prompts[0], params, {}, request));
+    session.step();
+    ids.push_back(session.admit(prompts[1], params, {}, request));
+    std::map<BatchSession::RowId, Response> joined;
+    while (!session.empty()) {
+      for (auto& done : session.step()) joined[done.id] = std::move(done.response);
+    }
+    REQUIRE(batch.size() == 2);
+    for (std::size_t i = 0; i < 2; ++i) {
+      INFO("prompt " << i << ", share " << share.value_or(-1));
+      CHECK(batch[i].tokens == alone[i].tokens);
+      CHECK(batch[i].recomputed_tokens == alone[i].recomputed_tokens);
+      REQUIRE(ids[i].has_value());
+      CHECK(joined.at(*ids[i]).tokens == alone[i].tokens);
+      CHECK(joined.at(*ids[i]).recomputed_tokens == alone[i].recomputed_tokens);
+    }
+  }
 }
 
 TEST_CASE("recompute never writes the stored states", "[fidelity]") {
@@ -279,10 +324,9 @@ TEST_CASE("recompute fractions are checked", "[fidelity]") {
   auto engine = test::tiny_engine(1);
   engine->add_schema_string(kStory);
   RequestOptions request;
-  request.recompute = 0.2;
+  request.recompute = 2;
   CHECK_THROWS_AS(engine->generate_batch({pml::parse_prompt_string(kGapPrompt)}, {}, {}, request),
                   Error);
-  request.recompute = 2;
   CHECK_THROWS_AS(engine->generate_xml(kGapPrompt, {}, {}, request), Error);
   request.recompute = 0.5;
   request.recompute_select_layer = -1;

@@ -137,6 +137,24 @@ TEST_CASE("serve: /v1/prompt answers as Engine::generate does, cached and uncach
   }
 }
 
+TEST_CASE("serve: \"recompute\" recomputes a share of the cached tokens as generate does",
+          "[server]") {
+  TestServer s;
+  post_schema(s, docs_schema());
+  auto ref = reference_engine();
+  RequestOptions request;
+  request.recompute = 0.5;
+  const Response expected = ref->generate_xml(docs_prompt(3), greedy(8), {}, request);
+  REQUIRE(expected.recomputed_tokens > 0);
+  const json r = post_json(s, "/v1/prompt",
+                           {{"prompt", docs_prompt(3)}, {"max_new_tokens", 8}, {"recompute", 0.5}});
+  CHECK(r["token_ids"].get<std::vector<TokenId>>() == expected.tokens);
+  CHECK(r["tokens"]["recomputed"] == expected.recomputed_tokens);
+  const json plain =
+      post_json(s, "/v1/prompt", {{"prompt", docs_prompt(3)}, {"max_new_tokens", 8}});
+  CHECK(plain["tokens"]["recomputed"] == 0);
+}
+
 TEST_CASE("serve: \"stream\": true sends each token as a server-sent event", "[server]") {
   TestServer s;
   post_schema(s, docs_schema());
@@ -474,6 +492,10 @@ TEST_CASE("serve: bad requests get 4xx JSON errors naming the problem", "[server
                  400)["message"]
             .get<std::string>()
             .find("'temperature' must be a number from 0") != std::string::npos);
+  CHECK(error_of("/v1/prompt", R"({"prompt": "<prompt schema=\"docs\"/>", "recompute": 1.5})",
+                 400)["message"]
+            .get<std::string>()
+            .find("'recompute' must be a number from 0 to 1") != std::string::npos);
   // PML errors keep their file, line, column and element.
   const json unknown = error_of(
       "/v1/prompt", json{{"prompt", "<prompt schema=\"docs\">\n  <d9/>\n</prompt>"}}.dump(), 400);
@@ -519,7 +541,7 @@ TEST_CASE("serve: bad requests get 4xx JSON errors naming the problem", "[server
   // The server still answers after all of these.
   CHECK(post_json(s, "/v1/prompt", {{"prompt", docs_prompt(1)}, {"max_new_tokens", 2}})["token_ids"]
             .size() == 2);
-  CHECK(metric(s, "promptcache_requests_total{endpoint=\"/v1/prompt\",code=\"400\"}") == 5);
+  CHECK(metric(s, "promptcache_requests_total{endpoint=\"/v1/prompt\",code=\"400\"}") == 6);
 }
 
 TEST_CASE("serve: with an API key every endpoint but /health wants it", "[server]") {
