@@ -478,9 +478,16 @@ std::vector<Response> Engine::generate_in_session(const std::vector<pml::Prompt>
         return on_token(i, id, text);
       };
     }
-    // An empty session admits any prompt within the context, so this ends.
+    // Waits for rows to finish while there is no room; an empty session admits any prompt
+    // within the context (a refusal there would be a bug: an error, not an endless loop).
     std::optional<BatchSession::RowId> id;
-    while (!(id = session.admit(prompts[i], params, row_callback, request))) collect();
+    while (!(id = session.admit(prompts[i], params, row_callback, request))) {
+      if (session.empty()) {
+        throw Error(ErrorKind::kContextOverflow,
+                    "prompt " + std::to_string(i) + " does not fit an empty batch session");
+      }
+      collect();
+    }
     index[*id] = i;
   }
   while (!session.empty()) collect();
