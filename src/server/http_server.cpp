@@ -236,8 +236,7 @@ void Server::Impl::post_prompt(const httplib::Request& req, httplib::Response& r
           ErrorKind::kInvalidArgument,
           "unknown field '" + key +
               "' (known: prompt, stream, use_cache, recompute, max_new_tokens, temperature, "
-              "top_k, "
-              "top_p, repetition_penalty, seed, stop)");
+              "top_k, top_p, repetition_penalty, seed, stop)");
     }
   }
   if (!body.contains("prompt") || !body["prompt"].is_string()) {
