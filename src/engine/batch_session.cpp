@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "decode_room.hpp"
 #include "promptcache/error.hpp"
 
 namespace promptcache {
@@ -24,9 +25,16 @@ struct BatchSession::Row {
 
 namespace {
 
-// As Engine::generate: room for max_new_tokens decode steps, never more than the context.
-int64_t decode_room(int64_t max_new_tokens, int64_t context) {
-  return std::clamp<int64_t>(max_new_tokens, 0, context);
+// A row's sampled token as its stream takes it: -1 when the sequence ends there (a stop, or no
+// room left in the row's share of the slots or in the context).
+TokenId accept_token(TokenStream& stream, TokenId sampled, int64_t room, int64_t next_position,
+                     int64_t context) {
+  const TokenId id = stream.accept(sampled);
+  if (id >= 0 && (room <= 0 || next_position >= context)) {
+    stream.stop(StopReason::kContextFull);
+    return -1;
+  }
+  return id;
 }
 
 }  // namespace
@@ -201,15 +209,12 @@ BatchSession::RowId BatchSession::join(int64_t row, const KVCache& prompt,
 
   // The first token, from the prefill's logits (generate's first iteration).
   auto host = logits.reshape({-1}).to(torch::kCPU, torch::kFloat32).contiguous();
-  TokenId id = r->stream->sample(host.data_ptr<float>(), static_cast<std::size_t>(host.numel()));
+  const TokenId id =
+      r->stream->sample(host.data_ptr<float>(), static_cast<std::size_t>(host.numel()));
   r->first_token_ms = r->last_token_ms = now_ms();
   r->next_position = prompt.max_position() + 1;
-  if ((id = r->stream->accept(id)) >= 0 && (r->room <= 0 || r->next_position >= context)) {
-    r->stream->stop(StopReason::kContextFull);
-    id = -1;
-  }
-  r->next_token = id;
-  r->finished = id < 0;
+  r->next_token = accept_token(*r->stream, id, r->room, r->next_position, context);
+  r->finished = r->next_token < 0;
   const RowId admitted = r->id;
   if (row == rows()) {
     rows_.push_back(std::move(r));
@@ -337,14 +342,10 @@ std::vector<BatchSession::Finished> BatchSession::step() {
       ++r.response.timings.decode_tokens;
       ++r.next_position;
       --r.room;
-      TokenId id = r.stream->sample(host[i].data_ptr<float>(), vocab);
+      const TokenId id = r.stream->sample(host[i].data_ptr<float>(), vocab);
       r.last_token_ms = now_ms();
-      if ((id = r.stream->accept(id)) >= 0 && (r.room <= 0 || r.next_position >= context)) {
-        r.stream->stop(StopReason::kContextFull);
-        id = -1;
-      }
-      r.next_token = id;
-      r.finished = id < 0;
+      r.next_token = accept_token(*r.stream, id, r.room, r.next_position, context);
+      r.finished = r.next_token < 0;
     }
   }
   retire_finished(out);

@@ -5,6 +5,7 @@
 #include <map>
 #include <numeric>
 
+#include "decode_room.hpp"
 #include "promptcache/batch_session.hpp"
 #include "promptcache/error.hpp"
 
@@ -20,12 +21,6 @@ AssembledPrompt baseline_prompt(const pml::ResolvedPrompt& resolved) {
   std::iota(a.fresh_positions.begin(), a.fresh_positions.end(), int64_t{0});
   a.max_position = static_cast<int64_t>(a.fresh_tokens.size()) - 1;
   return a;
-}
-
-// The KV room to reserve for decoding: max_new_tokens, but never more than the context
-// (decoding stops there), so an absurd max_new_tokens cannot allocate a huge KV cache.
-int64_t decode_room(int64_t max_new_tokens, int64_t context) {
-  return std::clamp<int64_t>(max_new_tokens, 0, context);
 }
 
 // Error(kContextOverflow) when `what` needs positions up to `max_position`, past the model's
