@@ -68,7 +68,6 @@ void Scheduler::publish(const std::string& name) {
   json view = layout_json(engine_.layout(name), engine_.compile_report(name));
   std::lock_guard<std::mutex> lock(mutex_);
   schemas_[name] = std::move(view);
-  store_bytes_ = engine_.store().bytes();
 }
 
 void Scheduler::start() {
@@ -126,7 +125,6 @@ std::optional<json> Scheduler::schema(const std::string& name) const {
 Gauges Scheduler::gauges() const {
   std::lock_guard<std::mutex> lock(mutex_);
   Gauges g;
-  g.store_bytes = store_bytes_;
   g.schemas = static_cast<int64_t>(schemas_.size());
   g.queued = static_cast<int64_t>(queue_.size());
   g.tiers = engine_.tier_stats();
@@ -165,13 +163,13 @@ void Scheduler::loop() {
         job->channel.push(internal_error_event(e));  // a bug or no memory
       }
       if (!admitted) {  // no room until rows finish: it stays first in line
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (!stopping_) {
-          queue_.push_front(std::move(job));
-          break;
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          if (!stopping_) {
+            queue_.push_front(std::move(job));
+            break;
+          }
         }
-      }
-      if (!admitted) {
         job->channel.push(shutting_down_event());
         break;
       }
@@ -355,10 +353,6 @@ void Scheduler::run_delete(Job& job) {
   }
   // Requests running on it keep its states until they finish; new prompts naming it are refused.
   engine_.remove_schema(name);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    store_bytes_ = engine_.store().bytes();
-  }
   Event done;
   done.type = Event::Type::kDone;
   done.body = {{"deleted", name}};

@@ -78,7 +78,6 @@ class Scheduler {
   std::deque<JobPtr> queue_;
   bool stopping_ = false;
   std::map<std::string, nlohmann::json> schemas_;  // name -> layout_json
-  int64_t store_bytes_ = 0;
   std::thread thread_;
 };
 
