@@ -25,6 +25,19 @@ std::unique_ptr<Engine> reference_engine() {
   return e;
 }
 
+// The long-context tiny model (long_context_engine) with the docs schema, as a reference.
+std::unique_ptr<Engine> long_context_reference() {
+  auto e = long_context_engine();
+  e->add_schema_string(docs_schema());
+  return e;
+}
+
+server::ServerOptions with_max_batch(int max_batch) {
+  server::ServerOptions options;
+  options.max_batch = max_batch;
+  return options;
+}
+
 // Each client's answer is its single-request response; returns the largest batch_size reported.
 int check_answers(const std::vector<json>& answers, const std::vector<Response>& expected) {
   int largest_batch = 0;
@@ -212,12 +225,9 @@ TEST_CASE("serve: 16 concurrent clients get the single-request answers", "[serve
 
 TEST_CASE("serve: 16 clients arriving while a batch decodes join it and get their own answers",
           "[server]") {
-  server::ServerOptions options;
-  options.max_batch = 17;
-  TestServer s(options, long_context_engine());
+  TestServer s(with_max_batch(17), long_context_engine());
   post_schema(s, docs_schema());
-  auto ref = long_context_engine();
-  ref->add_schema_string(docs_schema());
+  auto ref = long_context_reference();
   // Client 0 decodes thousands of tokens, so the 16 others, arriving 10 ms apart with answers
   // of different lengths, find a batch already decoding; each must get its single-request
   // answer. (Client 0's own tokens are not compared: over thousands of greedy steps a near tie
@@ -254,12 +264,9 @@ TEST_CASE("serve: 16 clients arriving while a batch decodes join it and get thei
 
 TEST_CASE("serve: 16 plain OpenAI clients and 8 module clients join one running batch",
           "[server]") {
-  server::ServerOptions options;
-  options.max_batch = 25;
-  TestServer s(options, long_context_engine());
+  TestServer s(with_max_batch(25), long_context_engine());
   post_schema(s, docs_schema());
-  auto ref = long_context_engine();
-  ref->add_schema_string(docs_schema());
+  auto ref = long_context_reference();
   REQUIRE(ref->tokenizer().adds_bos());  // every plain prompt shares at least the BOS token
   // Client 0 (a PML prompt) decodes thousands of tokens; 16 plain clients (chat and text
   // completions without modules) and 8 PML clients arrive 8 ms apart while it does. Each must
