@@ -323,7 +323,9 @@ void Server::Impl::routes() {
                            "not_found_error"));
     }
   });
-  http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+  // Counted before the response is written (the logger runs after it), so a client that has its
+  // answer and then reads /metrics sees its own request.
+  http.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     metrics.count_request(endpoint_label(req.path), res.status);
   });
   // Every handler's promptcache::Error becomes a 4xx/5xx JSON error naming the problem.
