@@ -12,13 +12,17 @@
 //    and how close the calls were: the no-cache margin (top-1 minus top-2 log-probability) where
 //    the continuations diverge, and the share of prompts whose first token wins by < 0.1 nats.
 //    --select-layer L: the deviation criterion's layer (RecomputeOptions::select_layer).
+//  * floor (same model and prompts): the no-cache answers of an f32 engine against those of
+//    engines with a bf16/f16 KV cache or bf16/q8 weights: how much accepted arithmetic changes
+//    flip the same near-ties (not run by default).
 //  * speed (a synthetic --shape model, default bench-small): a --schema-token (default 2048)
 //    document schema of 128-token modules, a prompt selecting all but its second module, then
 //    --fresh (default 16) fresh tokens. Cached TTFT at every r and criterion against the
 //    no-cache TTFT, all measured in this run, best of --repeats (default 3), repeats interleaved;
 //    then one more run of each through recompute_prefill for its phases (RecomputeReport).
 //
-//   build/benchmarks/bench_fidelity [--part fidelity,speed] [--recompute 0,0.05,0.1,0.2,0.3,0.5,1]
+//   build/benchmarks/bench_fidelity [--part fidelity,speed,floor] [--recompute
+//   0,0.05,0.1,0.2,0.3,0.5,1]
 //       [--criteria deviation,boundary] [--prompts 200] [--seed 7] [--tokens 32] [--model DIR]
 //       [--select-layer 1]
 //       [--shape bench-small] [--schema 2048] [--fresh 16] [--repeats 3] [--threads N]
@@ -116,22 +120,33 @@ std::vector<double> parse_doubles(const std::string& text) {
   return out;
 }
 
-void fidelity_part(const bench::Flags& flags, const std::vector<double>& fractions,
-                   const std::vector<std::string>& criteria) {
-  namespace fs = std::filesystem;
-  // Run from the repository root: ../shared beside it holds the model.
+// The --model folder (default: stories260K in ../shared beside the repository root, where the
+// bench runs from), or empty after saying that `part` is skipped.
+std::string story_model_dir(const bench::Flags& flags, const std::string& part) {
   const std::string dir = flags.text("model", "../shared/models/stories260K");
-  if (!fs::exists(fs::path(dir) / "config.json")) {
-    std::cerr << "bench_fidelity: SKIPPED the fidelity part: " << dir
-              << " is absent (give --model DIR)\n";
-    return;
-  }
+  if (std::filesystem::exists(std::filesystem::path(dir) / "config.json")) return dir;
+  std::cerr << "bench_fidelity: SKIPPED the " << part << " part: " << dir
+            << " is absent (give --model DIR)\n";
+  return {};
+}
+
+// An engine on the story model with the four story schemas.
+std::unique_ptr<Engine> story_engine(const std::string& dir, const LoadOptions& load = {}) {
   EngineOptions options;
   options.chat_template = "plain";
+  options.load = load;
   auto engine = Engine::open(dir, options);
   for (const auto& [name, paragraphs] : kSchemas) {
     engine->add_schema_string(schema_xml(name, paragraphs));
   }
+  return engine;
+}
+
+void fidelity_part(const bench::Flags& flags, const std::vector<double>& fractions,
+                   const std::vector<std::string>& criteria) {
+  const std::string dir = story_model_dir(flags, "fidelity");
+  if (dir.empty()) return;
+  auto engine = story_engine(dir);
   const int count = flags.integer("prompts", 200);
   const auto seed = static_cast<unsigned>(flags.integer("seed", 7));
   const int tokens = flags.integer("tokens", 32);
@@ -177,6 +192,73 @@ void fidelity_part(const bench::Flags& flags, const std::vector<double>& fractio
                           {"baseline_ttft_ms", s.baseline_ttft_ms}};
       std::cout << j.dump() << std::endl;
     }
+  }
+}
+
+// The noise floor: how often a change of arithmetic that users accept as harmless (a bf16/f16
+// KV cache, bf16 or 8-bit weights) flips the same no-cache answers. Per perturbation, the
+// no-cache runs of the fidelity part's prompts on an f32 engine and on a perturbed one:
+// first-token KL and agreement, exact 24- and --tokens-token greedy agreement. Drift that
+// small flips the near-ties too, which bounds what any cache fidelity can be held to.
+void floor_part(const bench::Flags& flags) {
+  const std::string dir = story_model_dir(flags, "floor");
+  if (dir.empty()) return;
+  const auto reference = story_engine(dir);
+  const int count = flags.integer("prompts", 200);
+  const auto seed = static_cast<unsigned>(flags.integer("seed", 7));
+  const int tokens = flags.integer("tokens", 32);
+  SamplingParams greedy;
+  greedy.max_new_tokens = tokens;
+  RequestOptions no_cache;
+  no_cache.use_cache = false;
+  struct Perturbation {
+    std::string name;
+    LoadOptions load;
+  };
+  std::vector<Perturbation> perturbations(4);
+  perturbations[0] = {"kv bf16", {}};
+  perturbations[0].load.kv_dtype = torch::kBFloat16;
+  perturbations[1] = {"kv f16", {}};
+  perturbations[1].load.kv_dtype = torch::kFloat16;
+  perturbations[2] = {"weights bf16", {}};
+  perturbations[2].load.weights = torch::kBFloat16;
+  perturbations[3] = {"weights q8", {}};
+  perturbations[3].load.weights = torch::kInt8;
+  const auto xmls = make_prompts(count, seed);
+  for (const auto& perturbation : perturbations) {
+    const auto other = story_engine(dir, perturbation.load);
+    int first = 0, exact = 0, exact24 = 0;
+    double kl = 0, agreed = 0;
+    for (const auto& xml : xmls) {
+      const auto prompt = pml::parse_prompt_string(xml);
+      const auto first_logits = [&](const Engine& engine) {
+        KVCache cache = engine.model().make_cache(0);
+        return engine.prefill(engine.resolve(prompt), cache, false).logits;
+      };
+      const auto a = first_logits(*reference), b = first_logits(*other);
+      kl += logits_kl(a, b);
+      first += a.argmax().item<int64_t>() == b.argmax().item<int64_t>() ? 1 : 0;
+      const auto x = reference->generate(prompt, greedy, {}, no_cache).tokens;
+      const auto y = other->generate(prompt, greedy, {}, no_cache).tokens;
+      std::size_t same = 0;
+      while (same < std::min(x.size(), y.size()) && x[same] == y[same]) ++same;
+      agreed += static_cast<double>(same);
+      exact += x == y ? 1 : 0;
+      exact24 += x == y || same >= 24 ? 1 : 0;
+    }
+    const double n = static_cast<double>(xmls.size());
+    nlohmann::json j = {{"bench", "fidelity_floor"},
+                        {"model", "stories260K"},
+                        {"prompts", xmls.size()},
+                        {"seed", seed},
+                        {"perturbation", perturbation.name},
+                        {"first_token_agreement", first / n},
+                        {"mean_first_token_kl", kl / n},
+                        {"exact_24", exact24 / n},
+                        {"tokens", tokens},
+                        {"exact_" + std::to_string(tokens), exact / n},
+                        {"mean_agreed_tokens", agreed / n}};
+    std::cout << j.dump() << std::endl;
   }
 }
 
@@ -290,8 +372,10 @@ int main(int argc, char** argv) {
       fidelity_part(flags, fractions, criteria);
     } else if (part == "speed") {
       speed_part(flags, fractions, criteria, threads);
+    } else if (part == "floor") {
+      floor_part(flags);
     } else {
-      std::cerr << "bench_fidelity: unknown --part " << part << " (fidelity, speed)\n";
+      std::cerr << "bench_fidelity: unknown --part " << part << " (fidelity, speed, floor)\n";
       return 2;
     }
   }
