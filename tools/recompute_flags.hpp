@@ -12,7 +12,7 @@ namespace promptcache::cli {
 
 struct RecomputeFlags {
   double fraction = 0;
-  std::string criterion = "deviation";
+  std::string criterion = "impact";
   int64_t select_layer = 1;
   CLI::Option* fraction_option = nullptr;  // --recompute, to tell whether it was given
 };
@@ -25,15 +25,18 @@ inline void add_recompute_flags(CLI::App& app, RecomputeFlags& flags) {
                      "schema's recompute attribute, else 0; docs/fidelity.md)")
           ->check(number_in(0, 1));
   app.add_option("--recompute-criterion", flags.criterion,
-                 "which cached tokens --recompute picks: deviation (CacheBlend's, layer-1 K/V "
-                 "against a two-layer full pass), boundary (the tokens after each gap) or recent "
-                 "(the tokens nearest the fresh text)")
-      ->check(CLI::IsMember({"deviation", "boundary", "recent"}))
+                 "which cached tokens --recompute picks: impact (their K/V deviation from a "
+                 "two-layer full pass times the attention the fresh text pays them), deviation "
+                 "(CacheBlend's: the deviation alone), boundary (the tokens after each gap), "
+                 "recent (the tokens nearest the fresh text) or attention (the tokens the fresh "
+                 "text attends to most)")
+      ->check(CLI::IsMember({"deviation", "boundary", "recent", "attention", "impact"}))
       ->capture_default_str();
-  app.add_option("--recompute-layer", flags.select_layer,
-                 "deviation: the layer whose K/V deviation picks the tokens; layers up to it are "
-                 "recomputed for every token (costs layer+1 of the model's layers over the "
-                 "prompt)")
+  app.add_option(
+         "--recompute-layer", flags.select_layer,
+         "impact, deviation: the layer whose K/V deviation ranks the tokens; layers up to it are "
+         "recomputed for every token (costs layer+1 of the model's layers over the "
+         "prompt)")
       ->check(whole_number(0, 1024))
       ->capture_default_str();
 }

@@ -78,8 +78,8 @@ struct RequestOptions {
   // plain Prompt Cache, 1 the no-cache result. Unset: the schema's recompute attribute, else 0.
   // generate_batch and BatchSession apply it too (each recomputing prompt is prefilled alone).
   std::optional<double> recompute;
-  RecomputeCriterion recompute_criterion = RecomputeCriterion::kDeviation;
-  int64_t recompute_select_layer = 1;  // RecomputeOptions::select_layer (kDeviation)
+  RecomputeCriterion recompute_criterion = RecomputeCriterion::kImpact;
+  int64_t recompute_select_layer = 1;  // RecomputeOptions::select_layer (kImpact, kDeviation)
 };
 
 struct ResponseTimings {

@@ -11,9 +11,9 @@
 //   3. those tokens and the fresh tokens run through the model together, each attending causally
 //      by position to every earlier token: stored states for the slots not chosen, recomputed
 //      ones for the chosen; every chosen slot's K/V in the request's buffer is overwritten.
-//      After the deviation criterion's pass (layers 0..select_layer over every token) they start
-//      at the next layer from the pass's hidden states, and the pass's K/V of its layers replace
-//      every slot's (exact there).
+//      After the impact or deviation criterion's pass (layers 0..select_layer - 1 over every
+//      token, then select_layer's K/V only) they start at select_layer from the pass's hidden
+//      states, and the pass's K/V of layers 0..select_layer replace every slot's (exact there).
 // r = 1 recomputes every token and so equals the no-cache prefill (float rounding aside);
 // r = 0 is plain Prompt Cache (nothing here runs). The store's states are never written: a
 // slot read in place from the store is copied into the buffer before it changes.
@@ -32,8 +32,8 @@ namespace promptcache {
 
 enum class RecomputeCriterion {
   // CacheBlend's: the slots whose K/V on RecomputeOptions::select_layer (default 1) deviate
-  // most from a full-context pass of layers 0..select_layer over the whole prompt (costs those
-  // layers over every token; the chosen tokens then skip them).
+  // most from a full-context pass over the whole prompt (layers 0..select_layer - 1 over every
+  // token, then select_layer's K/V projections; the chosen tokens then skip those layers).
   kDeviation,
   // The slots right after a gap: the first tokens of every run of contiguous positions that
   // does not start the schema, taken round-robin (offset 0 of every run, then 1, ...). Free.
@@ -41,18 +41,29 @@ enum class RecomputeCriterion {
   // The cached tokens nearest the fresh text (the largest positions), which the first generated
   // token attends to most in small models. Free.
   kRecent,
+  // The slots the fresh tokens attend to most: one probe forward of the fresh tokens over the
+  // moved (still stale) states, summing the attention each slot receives on every layer but the
+  // first (whose K/V are exact once moved); the block that starts the schema at position 0 comes
+  // last (its states were computed in this context). Costs about one cached prefill.
+  kAttention,
+  // The default: kDeviation's score times the attention the fresh tokens pay each slot on the
+  // layers the pass leaves stale (a probe forward as kAttention's): a slot's estimated effect on
+  // the answer, not only how wrong its states are. The pass's cost plus about one cached prefill.
+  kImpact,
 };
 
-// "deviation" / "boundary" / "recent"; Error(kInvalidArgument) naming the value otherwise.
+// "deviation" / "boundary" / "recent" / "attention" / "impact"; Error(kInvalidArgument) naming
+// the value otherwise.
 RecomputeCriterion parse_recompute_criterion(const std::string& text);
 std::string recompute_criterion_name(RecomputeCriterion criterion);
 
 struct RecomputeOptions {
   double fraction = 0;  // r in [0, 1]: the share of the cached tokens recomputed
-  RecomputeCriterion criterion = RecomputeCriterion::kDeviation;
-  // kDeviation: the layer whose K/V deviation ranks the cached tokens (clamped to the model's
-  // last layer). The pass runs layers [0, select_layer] over every token and keeps their K/V
-  // for all of them (they are exact); the chosen tokens are recomputed from the next layer on.
+  RecomputeCriterion criterion = RecomputeCriterion::kImpact;
+  // kImpact, kDeviation: the layer whose K/V deviation ranks the cached tokens (clamped to the
+  // model's last layer). The pass runs layers [0, select_layer) over every token, then
+  // select_layer's K/V, and keeps the K/V of layers [0, select_layer] for all of them (they are
+  // exact); the chosen tokens are recomputed from select_layer on.
   int64_t select_layer = 1;
 };
 

@@ -92,29 +92,46 @@ void move_to_baseline(const LlamaModel& model, KVCache& cache, const std::vector
   cache.forget_sources();
 }
 
-// CacheBlend's selection pass: a causal forward of layers [0, select_layer] over the whole
-// baseline, in a cache of its own. Per cached slot, the squared distance between its K/V on
-// select_layer there and the stored ones ranks it; the pass's K/V of those layers are exact for
-// every token and its hidden states let the recompute start after them.
+// CacheBlend's selection pass over the whole baseline, in a cache of its own: a causal forward
+// of layers [0, select_layer), then only select_layer's keys and values (its attention and MLP
+// would feed nothing the choice needs). Per cached slot, the squared distance between its K/V on
+// select_layer and the stored ones ranks it. The pass's K/V of layers [0, select_layer] are
+// exact for every token, and its hidden states (entering select_layer) let the chosen tokens
+// start there.
 struct DeviationPass {
-  KVCache scratch;       // layers [0, layers) of every baseline token, at positions 0..n-1
-  torch::Tensor hidden;  // [1, n, hidden]: every token's hidden state entering layer `layers`
-  int64_t layers = 0;
+  KVCache scratch;            // layers [0, kv_layers) of every baseline token, at positions 0..n-1
+  torch::Tensor hidden;       // [1, n, hidden]: every token's hidden state entering layer `layers`
+  int64_t layers = 0;         // the layers the forward ran
+  int64_t kv_layers = 0;      // the layers whose K/V the scratch cache holds (layers + 1)
   std::vector<double> score;  // per cached slot
 };
 
 DeviationPass deviation_pass(const LlamaModel& model, const pml::ResolvedPrompt& resolved,
                              const BaselineMap& map, const KVCache& cache, int64_t select_layer) {
   const auto n = static_cast<int64_t>(resolved.baseline.size());
+  const int64_t layer = std::clamp<int64_t>(select_layer, 0, model.config().num_hidden_layers - 1);
   DeviationPass pass;
-  pass.layers = std::clamp<int64_t>(select_layer + 1, 1, model.config().num_hidden_layers);
-  const int64_t layer = pass.layers - 1;
   pass.scratch = model.make_cache(n);
   std::vector<int64_t> ids(resolved.baseline.begin(), resolved.baseline.end());
-  ForwardOptions options;
-  options.layers = pass.layers;
-  pass.hidden = model.forward(torch::tensor(ids, torch::kInt64).unsqueeze(0),
-                              torch::arange(n, torch::kInt64).unsqueeze(0), pass.scratch, options);
+  auto tokens = torch::tensor(ids, torch::kInt64).unsqueeze(0);
+  auto positions = torch::arange(n, torch::kInt64).unsqueeze(0);
+  if (layer == 0) {
+    // Layer 0 reads the embeddings: one layer's forward gives its K/V (and the hidden states
+    // after it, where the chosen tokens then start).
+    ForwardOptions options;
+    options.layers = 1;
+    pass.hidden = model.forward(tokens, positions, pass.scratch, options);
+    pass.layers = 1;
+  } else {
+    ForwardOptions options;
+    options.layers = layer;
+    pass.hidden = model.forward(tokens, positions, pass.scratch, options);
+    pass.layers = layer;
+    auto [keys, values] = model.layer_key_values(layer, pass.hidden, positions);
+    pass.scratch.key_slots(layer, 0, n).copy_(keys);
+    pass.scratch.value_slots(layer, 0, n).copy_(values);
+  }
+  pass.kv_layers = layer + 1;
   const auto cached = static_cast<int64_t>(map.cached_position.size());
   auto index = torch::tensor(map.cached_position, torch::kInt64).to(model.device());
   auto diff = [&](const torch::Tensor& full, const torch::Tensor& stored) {
@@ -130,17 +147,27 @@ DeviationPass deviation_pass(const LlamaModel& model, const pml::ResolvedPrompt&
   return pass;
 }
 
-// The boundary criterion: a run starts at every stored block and wherever the reserved
-// positions jump; a token's score is minus its offset in its run, and the run that starts the
-// schema at position 0 comes last (its states were computed in exactly this context).
-std::vector<double> boundary_scores(const KVCache& cache, const std::vector<int64_t>& reserved) {
+// Runs of the assembled slots: a run starts at every stored block and wherever the reserved
+// positions jump. Read before the move to the baseline, which replaces the reserved positions
+// and drops the provenance tags.
+struct SlotRuns {
+  std::vector<int64_t> reserved;  // each slot's reserved position
+  std::vector<int64_t> offset;    // each slot's offset in its run
+  // Whether the slot is in the run that starts the schema at position 0: its states were
+  // computed in exactly this context, so recomputing it changes nothing.
+  std::vector<bool> schema_start;
+};
+
+SlotRuns slot_runs(const KVCache& cache) {
+  SlotRuns runs;
+  runs.reserved = cache.positions();
+  const std::vector<int64_t>& reserved = runs.reserved;
   const auto n = static_cast<int64_t>(reserved.size());
   std::vector<bool> starts(reserved.size(), false);
   for (int64_t s = 0; s < n; ++s) starts[s] = s == 0 || reserved[s] != reserved[s - 1] + 1;
   for (const SlotSource& tag : cache.sources()) {
     if (tag.slot < n) starts[tag.slot] = true;
   }
-  std::vector<double> score(reserved.size());
   int64_t offset = 0;
   bool prefix = false;
   for (int64_t s = 0; s < n; ++s) {
@@ -148,7 +175,61 @@ std::vector<double> boundary_scores(const KVCache& cache, const std::vector<int6
       offset = 0;
       prefix = s == 0 && reserved[0] == 0;
     }
-    score[s] = -static_cast<double>(offset++) - (prefix ? static_cast<double>(n) : 0.0);
+    runs.offset.push_back(offset++);
+    runs.schema_start.push_back(prefix);
+  }
+  return runs;
+}
+
+// The boundary criterion: a token's score is minus its offset in its run; the run that starts
+// the schema comes last.
+std::vector<double> boundary_scores(const SlotRuns& runs) {
+  const auto n = static_cast<double>(runs.offset.size());
+  std::vector<double> score;
+  for (std::size_t s = 0; s < runs.offset.size(); ++s) {
+    score.push_back(-static_cast<double>(runs.offset[s]) - (runs.schema_start[s] ? n : 0.0));
+  }
+  return score;
+}
+
+// The attention the fresh tokens pay each cached slot: they run once over the moved slots (at
+// their baseline positions, each seeing the slots and fresh tokens before it), and a slot's mass
+// is the attention it receives, summed over heads, fresh tokens and the layers from
+// `first_layer` on. The fresh tokens' states are dropped again. Empty without fresh tokens.
+std::vector<double> attention_mass(const LlamaModel& model, const BaselineMap& map,
+                                   const AssembledPrompt& assembled, KVCache& cache,
+                                   int64_t first_layer) {
+  const auto cached = static_cast<int64_t>(map.cached_position.size());
+  const auto fresh = static_cast<int64_t>(map.fresh_position.size());
+  if (fresh == 0) return {};
+  std::vector<int64_t> ids(assembled.fresh_tokens.begin(), assembled.fresh_tokens.end());
+  auto query = torch::tensor(map.fresh_position, torch::kInt64);
+  auto keys = torch::cat({torch::tensor(map.cached_position, torch::kInt64), query});
+  ForwardOptions probe;
+  probe.attention_mask = keys.unsqueeze(0) <= query.unsqueeze(1);
+  torch::Tensor mass;
+  probe.attention_mass = &mass;
+  cache.reserve(cached + fresh);
+  model.forward(torch::tensor(ids, torch::kInt64).unsqueeze(0), query.unsqueeze(0), cache, probe);
+  cache.truncate(cached);
+  const int64_t layers = mass.size(0);
+  const int64_t from = std::clamp<int64_t>(first_layer, 0, layers - 1);
+  auto per_slot =
+      mass.narrow(0, from, layers - from).narrow(1, 0, cached).sum(0).to(torch::kFloat64);
+  per_slot = per_slot.contiguous();
+  const double* p = per_slot.data_ptr<double>();
+  return std::vector<double>(p, p + cached);
+}
+
+// The attention criterion: the mass on layers 1.. (layer 0's K/V depend on the token and
+// position only, so they are exact after the move); the run that starts the schema comes last.
+std::vector<double> attention_scores(const LlamaModel& model, const BaselineMap& map,
+                                     const AssembledPrompt& assembled, KVCache& cache,
+                                     const SlotRuns& runs) {
+  std::vector<double> score = attention_mass(model, map, assembled, cache, 1);
+  if (score.empty()) return boundary_scores(runs);  // nothing attends: the boundary order
+  for (std::size_t s = 0; s < score.size(); ++s) {
+    if (runs.schema_start[s]) score[s] = -1.0 / (1.0 + score[s]);  // below every mass >= 0
   }
   return score;
 }
@@ -163,10 +244,11 @@ std::vector<int64_t> top_slots(const std::vector<double>& score, int64_t count) 
   return order;
 }
 
-// The chosen slots, in slot order; `pass` receives the deviation pass when one ran.
+// The chosen slots, in slot order, with `cache` already at the baseline positions (`runs` read
+// before the move); `pass` receives the deviation pass when one ran.
 std::vector<int64_t> choose(const LlamaModel& model, const pml::ResolvedPrompt& resolved,
-                            const BaselineMap& map, KVCache& cache,
-                            const std::vector<int64_t>& reserved, int64_t count,
+                            const BaselineMap& map, const AssembledPrompt& assembled,
+                            KVCache& cache, const SlotRuns& runs, int64_t count,
                             const RecomputeOptions& options, DeviationPass* pass) {
   const auto cached = static_cast<int64_t>(map.cached_position.size());
   if (count <= 0) return {};
@@ -175,38 +257,39 @@ std::vector<int64_t> choose(const LlamaModel& model, const pml::ResolvedPrompt& 
     std::iota(all.begin(), all.end(), int64_t{0});
     return all;
   }
-  if (options.criterion == RecomputeCriterion::kBoundary) {
-    return top_slots(boundary_scores(cache, reserved), count);
-  }
-  if (options.criterion == RecomputeCriterion::kRecent) {
-    return top_slots(std::vector<double>(reserved.begin(), reserved.end()), count);
+  switch (options.criterion) {
+    case RecomputeCriterion::kBoundary:
+      return top_slots(boundary_scores(runs), count);
+    case RecomputeCriterion::kRecent:
+      return top_slots(std::vector<double>(runs.reserved.begin(), runs.reserved.end()), count);
+    case RecomputeCriterion::kAttention:
+      return top_slots(attention_scores(model, map, assembled, cache, runs), count);
+    case RecomputeCriterion::kDeviation:
+    case RecomputeCriterion::kImpact:
+      break;
   }
   DeviationPass local = deviation_pass(model, resolved, map, cache, options.select_layer);
+  if (options.criterion == RecomputeCriterion::kImpact) {
+    // Weighted by the attention the fresh tokens pay on the layers the pass leaves stale.
+    const auto mass = attention_mass(model, map, assembled, cache, local.kv_layers);
+    for (std::size_t s = 0; s < mass.size(); ++s) local.score[s] *= mass[s];
+  }
   auto slots = top_slots(local.score, count);
   if (pass != nullptr) *pass = std::move(local);
   return slots;
 }
 
-// Moves the prompt to its baseline positions and chooses the slots (the boundary and recent
-// criteria read the provenance tags and reserved positions, which the move replaces; the
-// deviation pass compares with the moved keys).
+// Moves the prompt to its baseline positions and chooses the slots (the runs are read first:
+// the move replaces the reserved positions and the provenance tags).
 std::vector<int64_t> move_and_choose(const LlamaModel& model, const pml::ResolvedPrompt& resolved,
-                                     const BaselineMap& map, KVCache& cache, int64_t count,
-                                     const RecomputeOptions& options, DeviationPass* pass,
-                                     double* move_ms = nullptr) {
-  const std::vector<int64_t> reserved = cache.positions();
-  auto move = [&] {
-    const double start = now_ms();
-    move_to_baseline(model, cache, map.cached_position);
-    if (move_ms != nullptr) *move_ms = now_ms() - start;
-  };
-  if (options.criterion != RecomputeCriterion::kDeviation) {
-    auto slots = choose(model, resolved, map, cache, reserved, count, options, pass);
-    move();
-    return slots;
-  }
-  move();
-  return choose(model, resolved, map, cache, reserved, count, options, pass);
+                                     const BaselineMap& map, const AssembledPrompt& assembled,
+                                     KVCache& cache, int64_t count, const RecomputeOptions& options,
+                                     DeviationPass* pass, double* move_ms = nullptr) {
+  const SlotRuns runs = slot_runs(cache);
+  const double start = now_ms();
+  move_to_baseline(model, cache, map.cached_position);
+  if (move_ms != nullptr) *move_ms = now_ms() - start;
+  return choose(model, resolved, map, assembled, cache, runs, count, options, pass);
 }
 
 }  // namespace
@@ -215,8 +298,11 @@ RecomputeCriterion parse_recompute_criterion(const std::string& text) {
   if (text == "deviation") return RecomputeCriterion::kDeviation;
   if (text == "boundary") return RecomputeCriterion::kBoundary;
   if (text == "recent") return RecomputeCriterion::kRecent;
+  if (text == "attention") return RecomputeCriterion::kAttention;
+  if (text == "impact") return RecomputeCriterion::kImpact;
   throw Error(ErrorKind::kInvalidArgument,
-              "unknown recompute criterion '" + text + "' (use deviation, boundary or recent)");
+              "unknown recompute criterion '" + text +
+                  "' (use impact, deviation, boundary, recent or attention)");
 }
 
 std::string recompute_criterion_name(RecomputeCriterion criterion) {
@@ -225,6 +311,10 @@ std::string recompute_criterion_name(RecomputeCriterion criterion) {
       return "boundary";
     case RecomputeCriterion::kRecent:
       return "recent";
+    case RecomputeCriterion::kAttention:
+      return "attention";
+    case RecomputeCriterion::kImpact:
+      return "impact";
     case RecomputeCriterion::kDeviation:
       break;
   }
@@ -250,7 +340,7 @@ std::vector<int64_t> choose_recompute_slots(const LlamaModel& model,
                                             const AssembledPrompt& assembled, KVCache& cache,
                                             int64_t count, const RecomputeOptions& options) {
   const BaselineMap map = map_to_baseline(resolved, assembled, cache);
-  return move_and_choose(model, resolved, map, cache, count, options, nullptr);
+  return move_and_choose(model, resolved, map, assembled, cache, count, options, nullptr);
 }
 
 torch::Tensor recompute_prefill(const LlamaModel& model, const pml::ResolvedPrompt& resolved,
@@ -267,8 +357,8 @@ torch::Tensor recompute_prefill(const LlamaModel& model, const pml::ResolvedProm
   DeviationPass pass;
   double move_ms = 0;
   std::vector<int64_t> selected =
-      move_and_choose(model, resolved, map, cache, recompute_count(options.fraction, cached),
-                      options, &pass, &move_ms);
+      move_and_choose(model, resolved, map, assembled, cache,
+                      recompute_count(options.fraction, cached), options, &pass, &move_ms);
   // The logits come after the prompt's last token: when that is a cached slot (a prompt whose
   // fresh tokens are all arguments), it runs too.
   const int64_t last = static_cast<int64_t>(resolved.baseline.size()) - 1;
@@ -308,13 +398,25 @@ torch::Tensor recompute_prefill(const LlamaModel& model, const pml::ResolvedProm
   cache.reserve(cached + m);
   ForwardOptions forward;
   forward.attention_mask = mask;
-  // After a deviation pass the new tokens start where it stopped, from its hidden states: the
-  // layers it ran are exact for every token already.
+  // After a deviation pass the new tokens start where its forward stopped, from its hidden
+  // states: the layers it ran are exact for every token already.
   const int64_t first = pass.layers;
   const int64_t later = model.config().num_hidden_layers - first;
+  const int64_t exact = pass.kv_layers;  // the pass's K/V replace every slot's on these layers
   if (first > 0) {
     forward.first_layer = first;
     forward.hidden = pass.hidden.index_select(1, query.to(pass.hidden.device()));
+  }
+  if (exact > first) {
+    // The pass's K/V of layers [first, exact) (select_layer's, projected only) are what the new
+    // tokens' attention reads there: in the cached slots before the forward, not stale ones.
+    auto index = torch::tensor(map.cached_position, torch::kInt64).to(model.device());
+    const auto n = static_cast<int64_t>(resolved.baseline.size());
+    for (int64_t l = first; l < exact; ++l) {
+      cache.key_slots(l, 0, cached).copy_(pass.scratch.key_slots(l, 0, n).index_select(2, index));
+      cache.value_slots(l, 0, cached)
+          .copy_(pass.scratch.value_slots(l, 0, n).index_select(2, index));
+    }
   }
   const double forward_start = now_ms();
   auto logits = model.forward(torch::tensor(ids, torch::kInt64).unsqueeze(0), query.unsqueeze(0),
@@ -342,13 +444,13 @@ torch::Tensor recompute_prefill(const LlamaModel& model, const pml::ResolvedProm
   }
   cache.truncate(next_fresh);
   cache.set_row_positions(0, cached, fresh_positions);
-  if (first > 0) {
+  if (exact > 0) {
     // The pass's layers, for every slot in its final place (cached slots, then fresh ones).
     std::vector<int64_t> order = map.cached_position;
     order.insert(order.end(), fresh_positions.begin(), fresh_positions.end());
     auto index = torch::tensor(order, torch::kInt64).to(model.device());
     const auto n = static_cast<int64_t>(resolved.baseline.size());
-    for (int64_t l = 0; l < first; ++l) {
+    for (int64_t l = 0; l < exact; ++l) {
       cache.key_slots(l, 0, next_fresh)
           .copy_(pass.scratch.key_slots(l, 0, n).index_select(2, index));
       cache.value_slots(l, 0, next_fresh)

@@ -472,7 +472,7 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
   const int64_t total = cache.length() + n;
   // The fused kernel reads the slots where they are, module states left in the store included;
   // the other paths take views of the buffer, which copy those in first.
-  const bool fused = in.fused_attention;
+  const bool fused = in.fused_attention && !in.attention_mass.defined();
   torch::Tensor keys, values;
   if (!fused) {
     keys = cache.key_slots(index, 0, total);
@@ -488,7 +488,7 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
   // stacked along the row axis, so one matmul per KV head serves the whole group.
   torch::Tensor out;
 #if TORCH_VERSION_MAJOR >= 2
-  if (sdpa_) {
+  if (sdpa_ && !in.attention_mass.defined()) {
     auto qg = q.reshape({b, hkv, groups * n, d});
     // An absent mask must be nullopt: an optional holding an undefined tensor is an error there.
     c10::optional<torch::Tensor> grouped_mask;
@@ -514,8 +514,9 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
   const int threads = kernel_threads();
   // Only alongside the small-row linear kernels: interleaved with multi-threaded OpenBLAS
   // linears, the two thread pools spin against each other (a 16-token forward ran 2.5x slower).
-  const bool split_heads = !fused && q.device().is_cpu() && n <= kFewQueriesMaxTokens && hkv > 1 &&
-                           threads > 1 && cpu_linear_kernel() != CpuLinearKernel::kNone;
+  const bool split_heads = !fused && !in.attention_mass.defined() && q.device().is_cpu() &&
+                           n <= kFewQueriesMaxTokens && hkv > 1 && threads > 1 &&
+                           cpu_linear_kernel() != CpuLinearKernel::kNone;
   if (fused) {
     // For a few fresh tokens in one block, for longer inputs block by block.
     out = attend_fused_blocks(q, cache.segments(index, total), mask, causal, past, open_slots,
@@ -543,8 +544,11 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
           .narrow(-1, open, visible - open)
           .masked_fill_(closed, -std::numeric_limits<float>::infinity());
     }
-    auto block =
-        torch::matmul(scores.softmax(-1).to(values.scalar_type()), values.narrow(2, 0, visible));
+    auto probs = scores.softmax(-1);
+    if (in.attention_mass.defined()) {
+      in.attention_mass.narrow(0, 0, visible).add_(probs.sum({0, 1, 2}).to(torch::kCPU));
+    }
+    auto block = torch::matmul(probs.to(values.scalar_type()), values.narrow(2, 0, visible));
     if (n <= kBlock) {
       out = block;
     } else {
@@ -679,10 +683,21 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
   const std::size_t run_layers =
       options.layers > 0 ? std::min(layers_.size(), static_cast<std::size_t>(options.layers))
                          : layers_.size();
+  if (options.attention_mass != nullptr) {
+    *options.attention_mass = torch::zeros({static_cast<int64_t>(layers_.size()), past + n},
+                                           torch::TensorOptions(torch::kFloat32));
+  }
   for (std::size_t i = first_layer; i < run_layers; ++i) {
     const Layer& layer = layers_[i];
-    x.add_(attention(layer, static_cast<int64_t>(i), norm(x, layer.input_norm), cache,
-                     layer.sliding ? in_window : in));
+    const LayerInputs& layer_in = layer.sliding ? in_window : in;
+    if (options.attention_mass != nullptr) {
+      LayerInputs with_mass = layer_in;
+      with_mass.attention_mass = options.attention_mass->select(0, static_cast<int64_t>(i));
+      x.add_(
+          attention(layer, static_cast<int64_t>(i), norm(x, layer.input_norm), cache, with_mass));
+    } else {
+      x.add_(attention(layer, static_cast<int64_t>(i), norm(x, layer.input_norm), cache, layer_in));
+    }
     auto h = norm(x, layer.post_norm);
     auto gate = with_bias(linear_layer(h, layer.w_gate), layer.b_gate);
     torch::silu_(gate).mul_(with_bias(linear_layer(h, layer.w_up), layer.b_up));
@@ -700,6 +715,38 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
   if (!options.all_logits) x = x.narrow(1, n - 1, 1);
   x = norm(x, final_norm_);
   return linear_layer(x, lm_head_).to(torch::kFloat32);
+}
+
+std::pair<torch::Tensor, torch::Tensor> LlamaModel::layer_key_values(
+    int64_t index, const torch::Tensor& hidden, const torch::Tensor& positions_in) const {
+  if (index < 0 || index >= static_cast<int64_t>(layers_.size()) || hidden.dim() != 3 ||
+      hidden.size(2) != config_.hidden_size) {
+    throw Error(ErrorKind::kInvalidArgument, "layer_key_values: layer " + std::to_string(index) +
+                                                 " of " + std::to_string(layers_.size()) +
+                                                 " and hidden states [batch, n, " +
+                                                 std::to_string(config_.hidden_size) +
+                                                 "] needed, got " + shape_string(hidden.sizes()));
+  }
+  const Layer& layer = layers_[static_cast<std::size_t>(index)];
+  const int64_t b = hidden.size(0), n = hidden.size(1), d = config_.head_dim;
+  const int64_t hkv = config_.num_key_value_heads;
+  auto positions = positions_in.dim() == 1 ? positions_in.unsqueeze(0) : positions_in;
+  auto x =
+      rms_norm(hidden.to(options_.device, options_.dtype), layer.input_norm, config_.rms_norm_eps);
+  auto k = linear_layer(x, layer.wk);
+  auto v = linear_layer(x, layer.wv);
+  if (layer.bk.defined()) {
+    k.add_(layer.bk);
+    v.add_(layer.bv);
+  }
+  if (layer.k_norm.defined()) k = head_norm(k, layer.k_norm, hkv, config_.rms_norm_eps, false);
+  auto [cos, sin] = rope_tables(positions);
+  cos = cos.unsqueeze(1).to(options_.dtype);
+  sin = sin.unsqueeze(1).to(options_.dtype);
+  k = k.view({b, n, hkv, d}).transpose(1, 2);
+  v = v.view({b, n, hkv, d}).transpose(1, 2);
+  k = k * cos + rotate_half(k) * sin;
+  return {k.to(kv_dtype()), v.to(kv_dtype())};
 }
 
 int64_t LlamaModel::weight_bytes() const {

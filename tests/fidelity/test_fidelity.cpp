@@ -1,6 +1,7 @@
 // Fidelity measurement and recompute (docs/fidelity.md): identical inputs agree, prefix prompts
 // agree at r = 0, r = 1 equals the no-cache logits, the store is never written, the criteria are
-// deterministic, and a recomputed buffer is not reused as if it held the stored states.
+// deterministic (attention mass included), and a recomputed buffer is not reused as if it held the
+// stored states.
 #include "support/catch_torch.hpp"
 
 #include <map>
@@ -63,6 +64,52 @@ TEST_CASE("forward with ForwardOptions::layers runs only the first layers", "[fi
   CHECK(torch::equal(part.keys(0), full.keys(0)));
   CHECK(torch::equal(part.values(0), full.values(0)));
   CHECK(logits.size(-1) == model->config().vocab_size);
+  // The next layer's K/V alone, from those hidden states: what the full forward wrote there.
+  auto [keys, values] = model->layer_key_values(1, hidden, positions);
+  CHECK((keys - full.keys(1)).abs().max().item<double>() <= 1e-5);
+  CHECK((values - full.values(1)).abs().max().item<double>() <= 1e-5);
+  CHECK((keys - full.keys(0)).abs().max().item<double>() > 1e-3);  // another layer's differ
+  CHECK_THROWS_AS(model->layer_key_values(model->config().num_hidden_layers, hidden, positions),
+                  Error);
+}
+
+TEST_CASE("ForwardOptions::attention_mass: each new token's weights sum to one per head",
+          "[fidelity][model]") {
+  auto model = test::tiny_model(3);
+  const int64_t layers = model->config().num_hidden_layers;
+  const int64_t heads = model->config().num_attention_heads;
+  auto prompt = torch::tensor(std::vector<int64_t>{5, 17, 42, 9, 100, 7}).unsqueeze(0);
+  auto fresh = torch::tensor(std::vector<int64_t>{11, 12, 13}).unsqueeze(0);
+  auto fresh_positions = torch::arange(6, 9, torch::kInt64).unsqueeze(0);
+  KVCache plain = model->make_cache(9), probed = model->make_cache(9);
+  for (KVCache* c : {&plain, &probed}) {
+    model->forward(prompt, torch::arange(6, torch::kInt64).unsqueeze(0), *c);
+  }
+  auto expected = model->forward(fresh, fresh_positions, plain);
+  // Slot 2 hidden from every new token: it receives nothing.
+  auto mask = torch::ones({3, 9}, torch::kBool).tril(6);
+  mask.select(1, 2).fill_(false);
+  ForwardOptions masked;
+  masked.attention_mask = mask;
+  KVCache other = model->make_cache(9);
+  model->forward(prompt, torch::arange(6, torch::kInt64).unsqueeze(0), other);
+  torch::Tensor hidden_mass;
+  masked.attention_mass = &hidden_mass;
+  model->forward(fresh, fresh_positions, other, masked);
+  CHECK(hidden_mass.select(1, 2).abs().max().item<double>() == 0.0);
+  // The causal default: the logits are those without the output, every row sums to one.
+  ForwardOptions options;
+  torch::Tensor mass;
+  options.attention_mass = &mass;
+  auto logits = model->forward(fresh, fresh_positions, probed, options);
+  CHECK((logits - expected).abs().max().item<double>() <= 1e-5);
+  REQUIRE(mass.sizes() == at::IntArrayRef({layers, 9}));
+  for (int64_t l = 0; l < layers; ++l) {
+    CHECK(mass[l].sum().item<double>() == Approx(static_cast<double>(3 * heads)).epsilon(1e-4));
+    // The last slot is seen by the last new token only (causal): at most one weight per head.
+    CHECK(mass[l][8].item<double>() <= static_cast<double>(heads) + 1e-4);
+    CHECK(mass[l].min().item<double>() > 0.0);  // every visible slot gets some weight
+  }
 }
 
 TEST_CASE("identical inputs: KL 0 and full agreement", "[fidelity]") {
@@ -116,7 +163,8 @@ TEST_CASE("a gap prompt drifts at r = 0 and r = 1 equals the no-cache logits", "
     const auto base = engine->prefill(resolved, plain, false);
     for (RecomputeCriterion criterion :
          {RecomputeCriterion::kDeviation, RecomputeCriterion::kBoundary,
-          RecomputeCriterion::kRecent}) {
+          RecomputeCriterion::kRecent, RecomputeCriterion::kAttention,
+          RecomputeCriterion::kImpact}) {
       for (bool in_place : {true, false}) {
         KVCache cached = engine->model().make_cache(0), full = engine->model().make_cache(0);
         const auto r0 =
@@ -283,8 +331,8 @@ TEST_CASE("recompute criteria choose slots deterministically", "[fidelity]") {
   const auto resolved = engine->resolve(pml::parse_prompt_string(kGapPrompt));
   const auto& layout = engine->layout("story");
   for (RecomputeCriterion criterion :
-       {RecomputeCriterion::kDeviation, RecomputeCriterion::kBoundary,
-        RecomputeCriterion::kRecent}) {
+       {RecomputeCriterion::kDeviation, RecomputeCriterion::kBoundary, RecomputeCriterion::kRecent,
+        RecomputeCriterion::kAttention, RecomputeCriterion::kImpact}) {
     std::vector<std::vector<int64_t>> picks;
     int64_t cached = 0;
     for (int run = 0; run < 2; ++run) {
@@ -301,9 +349,9 @@ TEST_CASE("recompute criteria choose slots deterministically", "[fidelity]") {
     CHECK(picks[0].size() == 5);
     CHECK(std::is_sorted(picks[0].begin(), picks[0].end()));
     CHECK(picks[0].back() < cached);
-    if (criterion == RecomputeCriterion::kBoundary) {
+    if (criterion == RecomputeCriterion::kBoundary || criterion == RecomputeCriterion::kAttention) {
       // Slot 0 starts the schema (BOS, system prompt: exact), so the first picks are the first
-      // tokens after each gap, never slot 0.
+      // tokens after each gap (boundary) or the most attended ones elsewhere, never slot 0.
       CHECK(picks[0].front() > 0);
     }
     if (criterion == RecomputeCriterion::kRecent) {  // the five cached slots nearest the text

@@ -82,6 +82,11 @@ struct ForwardOptions {
   // number of layers: `hidden` then goes straight to the final norm and the logits.
   int64_t first_layer = 0;
   torch::Tensor hidden;
+  // When set, receives [layers, cache_length + n] float32 on the CPU: per layer, the attention
+  // weight each slot received, summed over the batch, the heads and the new tokens (rows of the
+  // layers not run stay 0). For choosing which slots matter (recompute.hpp's attention
+  // criterion); it takes the library attention path (no fused kernel, no SDPA), so it is slower.
+  torch::Tensor* attention_mass = nullptr;
 };
 
 class LlamaModel {
@@ -121,6 +126,14 @@ class LlamaModel {
   torch::Tensor forward(const torch::Tensor& token_ids, const torch::Tensor& positions,
                         KVCache& cache, const ForwardOptions& options = {}) const;
 
+  // Layer `layer`'s keys (rotated by RoPE at `positions`) and values for hidden states entering
+  // it ([batch, n, hidden], as ForwardOptions::layers returns them): [batch, kv_heads, n,
+  // head_dim] each in kv_dtype(), what a forward would write into the cache there, without the
+  // layer's attention and MLP (recompute.hpp's selection pass needs only these on its last layer).
+  std::pair<torch::Tensor, torch::Tensor> layer_key_values(int64_t layer,
+                                                           const torch::Tensor& hidden,
+                                                           const torch::Tensor& positions) const;
+
   // RoPE cos/sin tables ([n, head_dim], float32) for the given positions — exposed for tests.
   std::pair<torch::Tensor, torch::Tensor> rope_tables(const torch::Tensor& positions) const;
 
@@ -149,6 +162,8 @@ class LlamaModel {
     torch::Tensor mask;  // as ForwardOptions::attention_mask, or the causal mask; may be undefined
     bool causal = true;  // no mask from the caller: the ordinary causal rule
     int64_t open_slots = 0;  // leading slots that every new token sees
+    // ForwardOptions::attention_mass: this layer's row of it is added to (library path only).
+    torch::Tensor attention_mass;
   };
   LlamaModel() = default;
   // The inputs of the layers that use the sliding window: `full`'s, with the window's rule added
