@@ -4,25 +4,31 @@
     python3 benchmarks/plot_fidelity.py docs/data/fidelity-DATE.jsonl docs/img/fidelity.svg
 
 Left: first-token agreement and exact 24-token greedy agreement on stories260K against
-the recompute share r, one line per criterion (r = 0 is shared). Right: cached TTFT speedup over
-no cache on the speed model against r.
+the recompute share r, one line per criterion (r = 0 is shared), and as flat grey lines the
+24-token agreement of the no-cache run with a bf16 KV cache and with q8 weights (the floor part).
+Right: cached TTFT speedup over
+no cache on the speed model against r (log scale).
 """
 import json
+import math
 import sys
 
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
 out = sys.argv[2]
-# The deviation criterion on another layer than the default (1) is a series of its own.
+# The deviation and impact criteria on another layer than the default (1) are series of their own.
 for r in rows:
-    if r.get("criterion") == "deviation" and r.get("select_layer", 1) != 1:
-        r["criterion"] = f"deviation L{r['select_layer']}"
+    if r.get("criterion") in ("deviation", "impact") and r.get("select_layer", 1) != 1:
+        r["criterion"] = f"{r['criterion']} L{r['select_layer']}"
 fid = [r for r in rows if r.get("bench") == "fidelity"]
 speed = [r for r in rows if r.get("bench") == "fidelity_speed"]
+# The noise floor (bench_fidelity --part floor): no-cache answers under other arithmetic.
+floor = [r for r in rows if r.get("bench") == "fidelity_floor"]
 criteria = sorted({r["criterion"] for r in fid + speed if r["criterion"] != "none"})
 
 W, H, PAD = 460, 320, 55
 colors = {"deviation": "#1f77b4", "boundary": "#d62728", "recent": "#2ca02c",
-          "deviation L2": "#9467bd", "deviation L3": "#8c564b"}
+          "deviation L2": "#9467bd", "deviation L3": "#8c564b", "impact": "#ff7f0e",
+          "impact L2": "#e377c2", "impact L3": "#17becf", "attention": "#bcbd22"}
 dashes = {"first_token_agreement": "", "exact_24": "6,3", "exact_32": "2,3"}
 labels = {"first_token_agreement": "first token", "exact_24": "24-token exact",
           "exact_32": "32-token exact"}
@@ -34,13 +40,17 @@ def series(data, criterion, key):
     return sorted(pts)
 
 
-def panel(x0, title, ylabel, ymin, ymax, lines, yticks):
+def panel(x0, title, ylabel, ymin, ymax, lines, yticks, log=False):
     s = [f'<g transform="translate({x0},0)">',
          f'<text x="{W / 2}" y="20" text-anchor="middle" font-size="14">{title}</text>']
     def px(x):
         return PAD + x * (W - PAD - 15)
     def py(y):
-        return H - PAD - (y - ymin) / (ymax - ymin) * (H - PAD - 35)
+        if log:  # y > 0
+            share = (math.log10(y) - math.log10(ymin)) / (math.log10(ymax) - math.log10(ymin))
+        else:
+            share = (y - ymin) / (ymax - ymin)
+        return H - PAD - share * (H - PAD - 35)
     s.append(f'<rect x="{PAD}" y="35" width="{W - PAD - 15}" height="{H - PAD - 35}" '
              'fill="none" stroke="#444"/>')
     for t in [0, 0.1, 0.2, 0.3, 0.5, 1.0]:
@@ -78,6 +88,10 @@ for c in criteria:
     for k in keys:
         fid_lines.append((f"{c}: {labels.get(k, k)}", series(fid, c, k), colors.get(c, "#333"),
                           dashes.get(k, "1,2")))
+for f in floor:
+    if f["perturbation"] in ("kv bf16", "weights q8"):
+        fid_lines.append((f"no cache, {f['perturbation']}: 24-token exact",
+                          [(0, f["exact_24"]), (1, f["exact_24"])], "#999", "1,3"))
 speedups = [r["speedup"] for r in speed] or [1]
 top = max(10, max(speedups) * 1.1)
 speed_lines = [(c, series(speed, c, "speedup"), colors.get(c, "#333"), "") for c in criteria]
@@ -90,7 +104,7 @@ svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * W}" height="{H}" '
 svg += panel(0, f"stories260K, {fid[0]['prompts'] if fid else 0} gap prompts",
              "share of prompts agreeing", 0, 1, fid_lines, [0, 0.25, 0.5, 0.75, 0.9, 1])
 svg += panel(W, f"{model}: TTFT speedup, {cached} cached + {fresh} fresh",
-             "no-cache TTFT / cached TTFT", 0, top, speed_lines,
-             [t for t in [1, 2, 5, 10, 20, 30, 40, 60, 80] if t <= top])
+             "no-cache TTFT / cached TTFT (log)", 1, top, speed_lines,
+             [t for t in [1, 2, 5, 10, 20, 50, 100, 200] if t <= top], log=True)
 svg.append("</svg>")
 open(out, "w").write("\n".join(svg) + "\n")
