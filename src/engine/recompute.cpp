@@ -102,7 +102,7 @@ struct DeviationPass {
   KVCache scratch;            // layers [0, kv_layers) of every baseline token, at positions 0..n-1
   torch::Tensor hidden;       // [1, n, hidden]: every token's hidden state entering layer `layers`
   int64_t layers = 0;         // the layers the forward ran
-  int64_t kv_layers = 0;      // the layers whose K/V the scratch cache holds (layers + 1)
+  int64_t kv_layers = 0;      // the layers whose K/V the scratch cache holds (select_layer + 1)
   std::vector<double> score;  // per cached slot
 };
 
