@@ -25,6 +25,15 @@ const char* kStory = R"(<schema name="story">
   <module name="night">When the night came, the stars were bright and the moon was round.</module>
 </schema>)";
 
+// For stories260K, in the style of the TinyStories it was trained on.
+const char* kTale = R"(<schema name="tale">
+  <module name="opening">Once upon a time, there was a little girl named Lily.</module>
+  <module name="park">She loved to play outside in the park with her red ball.</module>
+  <module name="dog">One day, a big dog came and took the ball away.</module>
+  <module name="rain">Then it started to rain, and everyone ran home.</module>
+  <module name="cake">Mom made a big cake with pink flowers on top.</module>
+</schema>)";
+
 // Modules out of their schema context: a gap before "friend" and "night", an argument.
 const char* kGapPrompt =
     R"(<prompt schema="story"><friend/><home food="hot soup"/><night/>What did they do?</prompt>)";
@@ -385,12 +394,7 @@ TEST_CASE("recompute on stories260K: r = 1 equals no cache, r = 0.5 drifts less 
           "[fidelity][stories260k]") {
   auto engine = test::stories260k_engine_or_skip();
   if (!engine) return;
-  engine->add_schema_string(R"(<schema name="tale">
-    <module name="opening">Once upon a time, there was a little girl named Lily.</module>
-    <module name="park">She loved to play outside in the park with her red ball.</module>
-    <module name="dog">One day, a big dog came and took the ball away.</module>
-    <module name="rain">Then it started to rain, and everyone ran home.</module>
-  </schema>)");
+  engine->add_schema_string(kTale);
   const auto prompt = pml::parse_prompt_string(
       R"(<prompt schema="tale"><dog/><rain/> The next day, Lily</prompt>)");
   FidelityOptions options;
@@ -405,4 +409,31 @@ TEST_CASE("recompute on stories260K: r = 1 equals no cache, r = 0.5 drifts less 
   WARN("stories260K gap prompt KL: r=0 " << r0.first_token_kl << ", r=0.5 " << half.first_token_kl
                                          << ", r=1 " << r1.first_token_kl);
   CHECK(half.first_token_kl <= r0.first_token_kl);
+}
+
+TEST_CASE("on stories260K the impact criterion drifts less than deviation alone at r = 0.2",
+          "[fidelity][stories260k]") {
+  // The attention weighting is what impact adds: over these gap prompts (fixed, so the result
+  // is deterministic) its first-token KL must come out well below deviation's with the same
+  // pass; bench_fidelity measures 0.0006 against 0.0080 over 200 prompts.
+  auto engine = test::stories260k_engine_or_skip();
+  if (!engine) return;
+  engine->add_schema_string(kTale);
+  const std::vector<std::string> prompts = {
+      R"(<prompt schema="tale"><dog/><rain/> The next day, Lily</prompt>)",
+      R"(<prompt schema="tale"><park/><cake/> Then,</prompt>)",
+      R"(<prompt schema="tale"><opening/><rain/><cake/> Lily said,</prompt>)",
+      R"(<prompt schema="tale"><park/><dog/><cake/> So they</prompt>)",
+  };
+  double impact = 0, deviation = 0;
+  for (const auto& xml : prompts) {
+    FidelityOptions options;
+    options.tokens = 1;
+    options.recompute = {0.2, RecomputeCriterion::kImpact, 1};
+    impact += measure_fidelity(*engine, pml::parse_prompt_string(xml), options).first_token_kl;
+    options.recompute.criterion = RecomputeCriterion::kDeviation;
+    deviation += measure_fidelity(*engine, pml::parse_prompt_string(xml), options).first_token_kl;
+  }
+  WARN("summed first-token KL at r = 0.2: impact " << impact << ", deviation " << deviation);
+  CHECK(impact < 0.5 * deviation);
 }
