@@ -8,9 +8,10 @@
 #                              stress test (tests/contracts/test_concurrency.cpp)
 #
 # The fast suite is every Catch2 test of the library suites below except those that read the
-# real stories260K model: tokenizer, PML, cache, engine, batch, contracts, the
-# bad-input catalogue and the kernels. CLI scripts, examples and the fuzz replays stay in the
-# normal pass. Environment: BUILD_DIR (build-asan / build-tsan), JOBS (build jobs, 2), NICE (10).
+# real stories260K model: tokenizer, PML, cache, engine, batch, contracts, the bad-input
+# catalogue, the kernels and fidelity with recompute. CLI scripts, examples and the fuzz replays
+# stay in the normal pass. Environment: BUILD_DIR (build-asan / build-tsan), JOBS (build jobs,
+# 2), NICE (10).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
@@ -26,10 +27,11 @@ banner() { printf '\n======== %s ========\n' "$*"; }
 case "$mode" in
   asan)
     build=${BUILD_DIR:-build-asan}
-    targets=(pml_tests bpe_tests cache_tests contract_tests bad_input_tests model_tests)
+    targets=(pml_tests bpe_tests cache_tests contract_tests bad_input_tests model_tests
+      fidelity_tests)
     # Suite prefixes of the CTest names ("cache_tests:..."); the stories260K tests read the real
     # model and are slow under ASan.
-    include='^(pml_tests|bpe_tests|cache_tests|contract_tests|bad_input_tests|model_tests):'
+    include='^(pml_tests|bpe_tests|cache_tests|contract_tests|bad_input_tests|model_tests|fidelity_tests):'
     exclude='stories260k|stories260K'
     flags=(-DPROMPTCACHE_SANITIZE=ON)
     # LibTorch's and OpenBLAS's allocations live until exit; a leak report at exit is theirs.
