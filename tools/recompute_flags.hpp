@@ -26,7 +26,7 @@ inline void add_recompute_flags(CLI::App& app, RecomputeFlags& flags) {
           ->check(number_in(0, 1));
   app.add_option("--recompute-criterion", flags.criterion,
                  "which cached tokens --recompute picks: impact (their K/V deviation from a "
-                 "two-layer full pass times the attention the fresh text pays them), deviation "
+                 "short full-context pass times the attention the fresh text pays them), deviation "
                  "(CacheBlend's: the deviation alone), boundary (the tokens after each gap), "
                  "recent (the tokens nearest the fresh text) or attention (the tokens the fresh "
                  "text attends to most)")
@@ -34,9 +34,9 @@ inline void add_recompute_flags(CLI::App& app, RecomputeFlags& flags) {
       ->capture_default_str();
   app.add_option(
          "--recompute-layer", flags.select_layer,
-         "impact, deviation: the layer whose K/V deviation ranks the tokens; layers up to it are "
-         "recomputed for every token (costs layer+1 of the model's layers over the "
-         "prompt)")
+         "impact, deviation: the layer whose K/V deviation ranks the tokens; the layers before it, "
+         "then its K/V, are recomputed for every token (about that many of the model's layers "
+         "over the prompt)")
       ->check(whole_number(0, 1024))
       ->capture_default_str();
 }
