@@ -626,8 +626,9 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
     }
     mask = mask.to(options_.device, torch::kBool);
     // The blocked attention masks only the columns after these (SDPA takes the whole mask, and
-    // this would cost a device synchronisation there).
-    if (!sdpa_) {
+    // this would cost a device synchronisation there). A forward asked for its attention mass
+    // runs the blocked attention even where SDPA is on.
+    if (!sdpa_ || options.attention_mass != nullptr) {
       open_slots =
           mask.reshape({-1, past + n}).all(0).to(torch::kInt32).cumprod(0).sum().item<int64_t>();
     }
