@@ -67,6 +67,14 @@ BaselineMap map_to_baseline(const pml::ResolvedPrompt& resolved, const Assembled
   return map;
 }
 
+// Which slots each new token sees by position: [queries, slots + queries] bool, the slots at
+// `slot_positions` (a hidden slot carries the largest int64) then the new tokens themselves.
+torch::Tensor visible_by_position(const std::vector<int64_t>& slot_positions,
+                                  const torch::Tensor& query) {
+  auto keys = torch::cat({torch::tensor(slot_positions, torch::kInt64), query});
+  return keys.unsqueeze(0) <= query.unsqueeze(1);
+}
+
 torch::Tensor rotate_half(const torch::Tensor& x) {
   const int64_t half = x.size(-1) / 2;
   return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
@@ -115,18 +123,13 @@ DeviationPass deviation_pass(const LlamaModel& model, const pml::ResolvedPrompt&
   std::vector<int64_t> ids(resolved.baseline.begin(), resolved.baseline.end());
   auto tokens = torch::tensor(ids, torch::kInt64).unsqueeze(0);
   auto positions = torch::arange(n, torch::kInt64).unsqueeze(0);
-  if (layer == 0) {
-    // Layer 0 reads the embeddings: one layer's forward gives its K/V (and the hidden states
-    // after it, where the chosen tokens then start).
-    ForwardOptions options;
-    options.layers = 1;
-    pass.hidden = model.forward(tokens, positions, pass.scratch, options);
-    pass.layers = 1;
-  } else {
-    ForwardOptions options;
-    options.layers = layer;
-    pass.hidden = model.forward(tokens, positions, pass.scratch, options);
-    pass.layers = layer;
+  // Layer 0 reads the embeddings, so at select_layer 0 one whole layer runs (the chosen tokens
+  // then start after it); otherwise the layers before select_layer, then its K/V alone.
+  pass.layers = std::max<int64_t>(layer, 1);
+  ForwardOptions options;
+  options.layers = pass.layers;
+  pass.hidden = model.forward(tokens, positions, pass.scratch, options);
+  if (layer > 0) {
     auto [keys, values] = model.layer_key_values(layer, pass.hidden, positions);
     pass.scratch.key_slots(layer, 0, n).copy_(keys);
     pass.scratch.value_slots(layer, 0, n).copy_(values);
@@ -204,9 +207,8 @@ std::vector<double> attention_mass(const LlamaModel& model, const BaselineMap& m
   if (fresh == 0) return {};
   std::vector<int64_t> ids(assembled.fresh_tokens.begin(), assembled.fresh_tokens.end());
   auto query = torch::tensor(map.fresh_position, torch::kInt64);
-  auto keys = torch::cat({torch::tensor(map.cached_position, torch::kInt64), query});
   ForwardOptions probe;
-  probe.attention_mask = keys.unsqueeze(0) <= query.unsqueeze(1);
+  probe.attention_mask = visible_by_position(map.cached_position, query);
   torch::Tensor mass;
   probe.attention_mass = &mass;
   cache.reserve(cached + fresh);
@@ -393,11 +395,9 @@ torch::Tensor recompute_prefill(const LlamaModel& model, const pml::ResolvedProm
   std::vector<int64_t> old_positions = map.cached_position;
   for (int64_t s : selected) old_positions[s] = std::numeric_limits<int64_t>::max();
   auto query = torch::tensor(positions, torch::kInt64);
-  auto keys = torch::cat({torch::tensor(old_positions, torch::kInt64), query});
-  auto mask = keys.unsqueeze(0) <= query.unsqueeze(1);  // [m, cached + m]
   cache.reserve(cached + m);
   ForwardOptions forward;
-  forward.attention_mask = mask;
+  forward.attention_mask = visible_by_position(old_positions, query);  // [m, cached + m]
   // After a deviation pass the new tokens start where its forward stopped, from its hidden
   // states: the layers it ran are exact for every token already.
   const int64_t first = pass.layers;
