@@ -18,7 +18,11 @@ mode=${1:-}
 jobs=${JOBS:-2}
 nice_level=${NICE:-10}
 launcher=()
-command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+if command -v ccache >/dev/null; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
+  export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}
+fi
 common=(-DCMAKE_BUILD_TYPE=Release -DPROMPTCACHE_BUILD_BENCHMARKS=OFF
   -DPROMPTCACHE_BUILD_EXAMPLES=OFF "${launcher[@]}")
 

@@ -122,6 +122,20 @@ void add_sampling_options(CLI::App& app, SamplingOptions& o) {
   app.add_option("--stop", o.stop, "stop when this text appears (repeatable)");
 }
 
+void add_src_flag(CLI::App& app, bool& allow_src_outside) {
+  app.add_flag("--allow-src-outside", allow_src_outside,
+               "let module src attributes name files outside the schema's folder (absolute "
+               "paths, '..', symbolic links leading out); by default they are refused");
+}
+
+pml::Schema read_schema_file(const std::string& path, bool allow_src_outside) {
+  using Scope = pml::RootedSrcFiles::Scope;
+  return pml::parse_schema_file(
+      path, pml::src_files_beside(path, allow_src_outside ? Scope::kAnywhere : Scope::kInsideRoot,
+                                  " (pass --allow-src-outside to read files outside the "
+                                  "schema's folder)"));
+}
+
 void print_warnings(const std::vector<pml::Warning>& warnings) {
   for (const auto& w : warnings) std::cerr << "warning: " << w.render() << "\n";
 }

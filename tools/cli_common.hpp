@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "promptcache/pml/schema.hpp"
 #include "promptcache/pml/source.hpp"
 #include "promptcache/sampling.hpp"
 
@@ -58,6 +59,12 @@ Command register_serve(CLI::App& root);
 CLI::Validator whole_number(unsigned long long min, unsigned long long max);
 CLI::Validator number_in(double min, double max);
 CLI::Validator positive_number();
+
+// --allow-src-outside: a schema file's module src attributes may name files outside its folder.
+void add_src_flag(CLI::App& app, bool& allow_src_outside);
+// Parses a schema file whose src files resolve inside its folder (anywhere with
+// allow_src_outside); the refusal names the flag.
+pml::Schema read_schema_file(const std::string& path, bool allow_src_outside);
 
 // Prints what a schema or prompt accepted leniently to stderr, one "warning: FILE:LINE: ..." each.
 void print_warnings(const std::vector<pml::Warning>& warnings);

@@ -13,6 +13,7 @@ namespace promptcache::cli {
 
 Command register_compile(CLI::App& root) {
   struct Options {
+    bool allow_src_outside = false;
     std::string schema, out;
     ModelOptions model;
     EngineFlags engine;
@@ -29,6 +30,7 @@ Command register_compile(CLI::App& root) {
       "A file that already matches the schema, model, dtypes and encoding is left as it is\n"
       "(--force compiles again); run, qa and serve take the same --cache-dir.");
   app->add_option("schema", o->schema, "schema XML file")->required()->check(CLI::ExistingFile);
+  add_src_flag(*app, o->allow_src_outside);
   add_model_options(*app, o->model);
   add_engine_flags(*app, o->engine);
   app->add_option("--out,-o", o->out, "states file to write (or use --cache-dir)");
@@ -40,7 +42,7 @@ Command register_compile(CLI::App& root) {
               throw UsageError(
                   "compile: say where the states go: --out FILE, --cache-dir DIR or --redis URL");
             }
-            const auto schema = pml::parse_schema_file(o->schema);
+            const auto schema = read_schema_file(o->schema, o->allow_src_outside);
             print_warnings(schema.warnings);
             auto engine = open_engine(o->model, o->engine);
             std::string file = states_file(*engine, schema, o->out, o->engine);

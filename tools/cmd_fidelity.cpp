@@ -55,6 +55,7 @@ nlohmann::json summary_json(const FidelitySummary& s, const FidelityOptions& o) 
 
 Command register_fidelity(CLI::App& root) {
   struct Options {
+    bool allow_src_outside = false;
     ModelOptions model;
     EngineFlags engine;
     RecomputeFlags recompute;
@@ -76,6 +77,7 @@ Command register_fidelity(CLI::App& root) {
   app->add_option("--schema,-s", o->schema, "schema XML file")
       ->required()
       ->check(CLI::ExistingFile);
+  add_src_flag(*app, o->allow_src_outside);
   app->add_option("--prompt,-p", o->prompts, "prompt XML files (of that schema)")
       ->required()
       ->check(CLI::ExistingFile);
@@ -87,7 +89,7 @@ Command register_fidelity(CLI::App& root) {
   app->add_flag("--json", o->json, "a JSON line per prompt, then a summary line");
   return {app, [o]() {
             auto engine = open_engine(o->model, o->engine);
-            const auto schema = pml::parse_schema_file(o->schema);
+            const auto schema = read_schema_file(o->schema, o->allow_src_outside);
             print_warnings(schema.warnings);
             engine->add_schema(schema, progress_bar(), o->cache_file);
             FidelityOptions options;

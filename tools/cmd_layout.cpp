@@ -55,6 +55,7 @@ std::vector<std::string> layout_warnings(const pml::Layout& layout, int64_t cont
 
 Command register_layout(CLI::App& root) {
   struct Options {
+    bool allow_src_outside = false;
     std::string schema;
     ModelOptions model;
     std::string chat_template;
@@ -66,6 +67,7 @@ Command register_layout(CLI::App& root) {
       "Show a schema's modules, token counts, position ranges and what is cached.\n"
       "Example: promptcache layout schemas/docqa.xml --model /tmp/tiny");
   app->add_option("schema", o->schema, "schema XML file")->required();
+  add_src_flag(*app, o->allow_src_outside);
   app->add_option("--model,-m", o->model.model_dir, "model folder (its tokenizer and context)");
   app->add_option(
       "--template", o->chat_template,
@@ -79,7 +81,7 @@ Command register_layout(CLI::App& root) {
             const auto tok = load_tokenizer(o->model.model_dir);
             const auto tmpl = pml::chat_template(pml::choose_chat_template(
                 o->chat_template, config.chat_template, *tok, config.default_chat_template()));
-            const auto schema = pml::parse_schema_file(o->schema);
+            const auto schema = read_schema_file(o->schema, o->allow_src_outside);
             print_warnings(schema.warnings);
             // Over-long schemas are shown, with warnings; only one far past any use (64 times
             // the context) is refused, before a 100 MB module would be tokenized for minutes.

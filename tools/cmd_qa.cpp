@@ -48,8 +48,10 @@ Command register_qa(CLI::App& root) {
   return {app, [o]() {
             const auto docs = docqa::collect_documents(o->docs);
             auto engine = open_engine(o->model, o->engine);
-            const auto schema =
-                pml::parse_schema_string(docqa::schema_xml(docs, o->system), "<qa documents>");
+            const auto schema = pml::parse_schema_string(
+                docqa::schema_xml(docs, o->system), "<qa documents>",
+                // The documents are the files the user named (absolute paths).
+                pml::RootedSrcFiles("", pml::RootedSrcFiles::Scope::kAnywhere));
             engine->add_schema(schema, progress_bar(),
                                states_file(*engine, schema, o->cache_file, o->engine));
             const auto& report = engine->compile_report(docqa::kSchemaName);

@@ -29,6 +29,7 @@ nlohmann::json response_json(const Response& r, bool cached) {
 
 Command register_run(CLI::App& root) {
   struct Options {
+    bool allow_src_outside = false;
     ModelOptions model;
     SamplingOptions sampling;
     EngineFlags engine;
@@ -53,6 +54,7 @@ Command register_run(CLI::App& root) {
   app->add_option("--schema,-s", o->schema, "schema XML file")
       ->required()
       ->check(CLI::ExistingFile);
+  add_src_flag(*app, o->allow_src_outside);
   app->add_option("--prompt,-p", o->prompts,
                   "prompt XML file; repeat it (or list several) to answer them as one batch")
       ->required()
@@ -73,7 +75,7 @@ Command register_run(CLI::App& root) {
               prompts.push_back(pml::parse_prompt_file(file));
               print_warnings(prompts.back().warnings);
             }
-            const auto schema = pml::parse_schema_file(o->schema);
+            const auto schema = read_schema_file(o->schema, o->allow_src_outside);
             print_warnings(schema.warnings);
             engine->add_schema(schema, progress_bar(),
                                states_file(*engine, schema, o->cache_file, o->engine));

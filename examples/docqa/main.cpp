@@ -40,7 +40,11 @@ int main(int argc, char** argv) {
     schema += "</schema>";
     prompt += "<user>" + escape(argv[2]) + "</user></prompt>";
 
-    engine->add_schema_string(schema);  // compile once: every document's K/V
+    // Compile once: every document's K/V. The src files are the ones named on the command line,
+    // so the schema may read any path (a schema from elsewhere would get a narrower resolver).
+    engine->add_schema(promptcache::pml::parse_schema_string(
+        schema, "<docs>",
+        promptcache::pml::RootedSrcFiles("", promptcache::pml::RootedSrcFiles::Scope::kAnywhere)));
     promptcache::SamplingParams params;
     params.max_new_tokens = 48;
     const auto r =

@@ -129,9 +129,16 @@ class Engine {
   // `policy` kRecompile compiles even when the file or the remote store holds the states, and
   // overwrites both (`promptcache compile --force`).
   enum class StatesPolicy { kReuse, kRecompile };
+  // `cancelled`, asked before every forward of the compile, stops it with Error(kCancelled) when
+  // it returns true (the engine is left as it was).
   const pml::Layout& add_schema(const pml::Schema& schema, const ProgressCallback& progress = {},
                                 const std::string& cache_file = "",
-                                StatesPolicy policy = StatesPolicy::kReuse);
+                                StatesPolicy policy = StatesPolicy::kReuse,
+                                const std::function<bool()>& cancelled = {});
+  // A schema file: its module src attributes name files inside its own folder
+  // (pml::parse_schema_file; parse it with another pml::SrcResolver and call add_schema to allow
+  // more). A schema string: with a base_dir its src files are read inside that folder, without
+  // one they are refused.
   const pml::Layout& add_schema_file(const std::string& path, const ProgressCallback& progress = {},
                                      const std::string& cache_file = "");
   const pml::Layout& add_schema_string(const std::string& xml,

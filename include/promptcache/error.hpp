@@ -28,6 +28,7 @@ enum class ErrorKind {
   kCacheFile,        // corrupt or mismatched cache file
   kInvalidArgument,  // a bad value passed to an API or the CLI
   kContextOverflow,  // the request needs more positions than the model or cache holds
+  kCancelled,        // work stopped because its caller asked (a compile whose client went away)
 };
 
 inline const char* to_string(ErrorKind kind) {
@@ -62,6 +63,8 @@ inline const char* to_string(ErrorKind kind) {
       return "invalid argument";
     case ErrorKind::kContextOverflow:
       return "context overflow";
+    case ErrorKind::kCancelled:
+      return "cancelled";
   }
   return "error";
 }

@@ -56,11 +56,19 @@ std::vector<std::size_t> encoding_context(const pml::Layout& layout, std::size_t
 
 namespace {
 
+// Error(kCancelled) once the caller's `cancelled` says so.
+void check_cancelled(const std::function<bool()>& cancelled) {
+  if (cancelled && cancelled()) {
+    throw Error(ErrorKind::kCancelled, "the compile was cancelled before it finished");
+  }
+}
+
 void run_tokens(const LlamaModel& model, KVCache& cache, const std::vector<TokenId>& tokens,
                 const std::vector<int64_t>& positions, std::size_t from, int64_t chunk,
-                int64_t& forwards) {
+                int64_t& forwards, const std::function<bool()>& cancelled = {}) {
   const auto options = torch::TensorOptions().dtype(torch::kInt64);
   for (std::size_t i = from; i < tokens.size(); i += static_cast<std::size_t>(chunk)) {
+    check_cancelled(cancelled);
     const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(chunk), tokens.size() - i);
     std::vector<int64_t> ids(tokens.begin() + i, tokens.begin() + i + n);
     std::vector<int64_t> pos(positions.begin() + i, positions.begin() + i + n);
@@ -180,7 +188,8 @@ CompileReport ModuleCompiler::compile(const pml::Layout& layout, CacheStore& sto
   const bool more = passes.size() > (scaffold ? 1u : 0u);
   KVCache base = model_.make_cache(base_length + (more ? chunk : 0));
   if (base_length > 0) {
-    run_tokens(model_, base, base_laid.tokens, base_laid.positions, 0, chunk, report.forwards);
+    run_tokens(model_, base, base_laid.tokens, base_laid.positions, 0, chunk, report.forwards,
+               options.cancelled);
     report.tokens_run += base_length;
     keep(passes[0], base_laid, base, [](int64_t slot) { return slot; });
   }
@@ -223,7 +232,7 @@ CompileReport ModuleCompiler::compile(const pml::Layout& layout, CacheStore& sto
                                                         first.laid.positions.begin() + slots));
       }
       run_tokens(model_, cache, first.laid.tokens, first.laid.positions,
-                 static_cast<std::size_t>(slots), chunk, report.forwards);
+                 static_cast<std::size_t>(slots), chunk, report.forwards, options.cancelled);
       report.tokens_run += first.suffix();
       keep(passes[first.index], first.laid, cache, [](int64_t slot) { return slot; });
       finished(first.index, static_cast<int64_t>(first.laid.tokens.size()));
@@ -255,6 +264,7 @@ CompileReport ModuleCompiler::compile(const pml::Layout& layout, CacheStore& sto
         for (int64_t c = 0; c <= r; ++c) visible[offset + r][base_length + offset + c] = true;
       }
     }
+    check_cancelled(options.cancelled);
     ForwardOptions forward;
     forward.attention_mask = mask;
     model_.forward(torch::tensor(ids, int64).unsqueeze(0), torch::tensor(pos, int64).unsqueeze(0),

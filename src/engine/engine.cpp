@@ -84,7 +84,8 @@ pml::Layout Engine::layout_only(const pml::Schema& schema) const {
 }
 
 const pml::Layout& Engine::add_schema(const pml::Schema& schema, const ProgressCallback& progress,
-                                      const std::string& cache_file, StatesPolicy policy) {
+                                      const std::string& cache_file, StatesPolicy policy,
+                                      const std::function<bool()>& cancelled) {
   // One at a time; requests go on meanwhile. The new version is built beside the old one (which
   // requests in flight, and until it is published new ones, keep using) and replaces it at once.
   std::lock_guard<std::mutex> adding(add_mutex_);
@@ -130,6 +131,7 @@ const pml::Layout& Engine::add_schema(const pml::Schema& schema, const ProgressC
     CompileOptions options;
     options.mode = options_.encoding;
     options.chunk_tokens = options_.compile_chunk_tokens;
+    options.cancelled = cancelled;
     if (progress) {
       options.on_progress = [&](const CompileProgress& p) { progress(schema.name, p); };
     }
@@ -208,7 +210,8 @@ const pml::Layout& Engine::add_schema_file(const std::string& path,
 const pml::Layout& Engine::add_schema_string(const std::string& xml, const std::string& origin,
                                              const std::string& base_dir,
                                              const ProgressCallback& progress) {
-  return add_schema(pml::parse_schema_string(xml, origin, base_dir), progress);
+  if (base_dir.empty()) return add_schema(pml::parse_schema_string(xml, origin), progress);
+  return add_schema(pml::parse_schema_string(xml, origin, pml::RootedSrcFiles(base_dir)), progress);
 }
 
 bool Engine::has_schema(const std::string& name) const {

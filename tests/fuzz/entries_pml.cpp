@@ -135,7 +135,7 @@ void schema_entry(const std::uint8_t* data, std::size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   try {
     const pml::Schema schema =
-        pml::parse_schema_string(text, "<fuzz>", schema_dir().path().string());
+        pml::parse_schema_string(text, "<fuzz>", pml::RootedSrcFiles(schema_dir().path().string()));
     for (const Variant& v : variants()) {
       pml_test::FakeTokenizer tokenizer(v.specials);
       const pml::Layout layout =

@@ -40,6 +40,9 @@ struct CompileOptions {
   // Off: every pass runs in forwards of its own (for comparison; the states are the same).
   bool batch_passes = true;
   std::function<void(const CompileProgress&)> on_progress;
+  // Asked before every forward: true stops the compile with Error(kCancelled) (the store keeps
+  // none of its states). A server cancels a compile whose client went away this way.
+  std::function<bool()> cancelled;
 };
 
 struct CompileReport {

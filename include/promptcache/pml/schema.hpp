@@ -25,6 +25,7 @@
 
 #include "promptcache/error.hpp"
 #include "promptcache/pml/source.hpp"
+#include "promptcache/pml/src_files.hpp"
 
 namespace promptcache::pml {
 
@@ -95,8 +96,7 @@ namespace detail {
 
 class SchemaParser {
  public:
-  SchemaParser(const XmlSource& src, std::string base_dir)
-      : src_(src), base_dir_(std::move(base_dir)) {}
+  SchemaParser(const XmlSource& src, const SrcResolver& files) : src_(src), files_(files) {}
 
   Schema parse() {
     const pugi::xml_node top = document_element(src_, "schema", ErrorKind::kSchema);
@@ -277,18 +277,12 @@ class SchemaParser {
         throw Error(ErrorKind::kSchema, "module '" + module.name + "' has an empty src",
                     module.where);
       }
-      const std::string path = join_path(base_dir_, module.src);
-      SourceLocation where = module.where;
+      // The file is read through the resolver the caller handed in: the only way a schema
+      // reaches a file (src_files.hpp).
       Node text;
       text.kind = NodeKind::kText;
-      try {
-        text.text = compact_whitespace(read_text_file(path));
-      } catch (const Error& e) {
-        if (e.kind() != ErrorKind::kIo) throw Error(e.kind(), e.message(), where);
-        throw Error(ErrorKind::kIo,
-                    "cannot read src file '" + module.src + "' (looked for " + path + ")", where);
-      }
-      text.where = where;
+      text.text = compact_whitespace(files_.read(module.src, module.where));
+      text.where = module.where;
       module.children.push_back(std::move(text));
     } else {
       parse_children(element, module.children, inner, /*in_root=*/false, /*in_chat=*/false);
@@ -387,25 +381,43 @@ class SchemaParser {
   }
 
   const XmlSource& src_;
-  std::string base_dir_;
+  const SrcResolver& files_;
 };
 
 }  // namespace detail
 
 // Parses and validates schema XML. origin names the input in errors ("<string>" if empty);
-// src attributes resolve relative to base_dir (the current directory if empty). A '<' or '&'
-// that starts no markup is read as text with a warning (Schema::warnings; lenient.hpp).
-inline Schema parse_schema_string(const std::string& xml, const std::string& origin = "<string>",
-                                  const std::string& base_dir = "") {
+// module src attributes are read through `files` only (src_files.hpp). A '<' or '&' that starts
+// no markup is read as text with a warning (Schema::warnings; lenient.hpp).
+inline Schema parse_schema_string(const std::string& xml, const std::string& origin,
+                                  const SrcResolver& files) {
   const std::string name = origin.empty() ? "<string>" : origin;
   check_source_size(xml, name);
   const XmlSource src(xml, name, schema_repair_options());
-  return detail::SchemaParser(src, base_dir).parse();
+  return detail::SchemaParser(src, files).parse();
 }
 
-// Parses and validates a schema file; src attributes resolve relative to the file's directory.
+// A schema given as text reads no files: every src attribute is refused.
+inline Schema parse_schema_string(const std::string& xml, const std::string& origin = "<string>") {
+  return parse_schema_string(xml, origin, NoSrcFiles());
+}
+
+// Parses and validates a schema file; src attributes are read through `files`.
+inline Schema parse_schema_file(const std::string& path, const SrcResolver& files) {
+  return parse_schema_string(read_text_file(path), path, files);
+}
+
+// The resolver a schema file gets by default: files inside the file's own folder.
+inline RootedSrcFiles src_files_beside(
+    const std::string& schema_path,
+    RootedSrcFiles::Scope scope = RootedSrcFiles::Scope::kInsideRoot,
+    const std::string& hint = "") {
+  return RootedSrcFiles(parent_dir(schema_path), scope, hint);
+}
+
+// Parses and validates a schema file; src attributes name files inside the file's folder.
 inline Schema parse_schema_file(const std::string& path) {
-  return parse_schema_string(read_text_file(path), path, parent_dir(path));
+  return parse_schema_file(path, src_files_beside(path));
 }
 
 }  // namespace promptcache::pml

@@ -333,12 +333,15 @@ class XmlSource {
     }
   }
 
-  // Error(kXmlSyntax) at the first element nested deeper than kMaxDepth. Walks the tree with
-  // pugixml's sibling/parent links, without recursion.
+  // Error(kXmlSyntax) at the first element nested deeper than kMaxDepth, or one that repeats an
+  // attribute (XML forbids it, pugixml keeps both, and a reader taking the first would decide on
+  // another value than one taking the last). Walks the tree with pugixml's sibling/parent links,
+  // without recursion.
   void check_depth() const {
     std::size_t depth = 0;
     pugi::xml_node node = doc_.first_child();
     while (node) {
+      if (node.type() == pugi::node_element) check_unique_attributes(node);
       if (node.type() == pugi::node_element && node.first_child()) {
         if (++depth > kMaxDepth) {
           throw Error(ErrorKind::kXmlSyntax,
@@ -355,6 +358,20 @@ class XmlSource {
         --depth;
       }
       if (node) node = node.next_sibling();
+    }
+  }
+
+  void check_unique_attributes(const pugi::xml_node& element) const {
+    std::vector<std::string_view> names;
+    for (pugi::xml_attribute a : element.attributes()) names.emplace_back(a.name());
+    if (names.size() < 2) return;
+    std::sort(names.begin(), names.end());
+    const auto twice = std::adjacent_find(names.begin(), names.end());
+    if (twice != names.end()) {
+      throw Error(ErrorKind::kXmlSyntax,
+                  "attribute '" + std::string(*twice) + "' appears more than once on <" +
+                      element.name() + ">",
+                  at(element));
     }
   }
 
