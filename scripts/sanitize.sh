@@ -47,7 +47,7 @@ case "$mode" in
   tsan)
     build=${BUILD_DIR:-build-tsan}
     targets=(contract_tests server_tests)
-    include='^(contract_tests: concurrency|server_tests:)'
+    include='^(contract_tests:concurrency|server_tests:)'
     exclude='^$'
     flags=(-DPROMPTCACHE_TSAN=ON)
     # Debian's LibTorch and libgomp are not instrumented: tests/tsan.supp names only their frames.
