@@ -37,6 +37,15 @@ HOST = "127.0.0.1"
 T_START = time.monotonic()
 
 
+def die_with_parent():
+    """In the child: SIGKILL when this script dies, even by SIGKILL (a CTest timeout)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
 class CaseFailure(Exception):
     pass
 
@@ -91,7 +100,8 @@ class Server:
         self.cmd = cmd
         self.stderr_file = open(self.stderr_path, "wb")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.stderr_file,
-                                     stderr=self.stderr_file, env=env, start_new_session=True)
+                                     stderr=self.stderr_file, env=env, start_new_session=True,
+                                     preexec_fn=die_with_parent)
 
     def wait_ready(self, timeout=90):
         deadline = time.monotonic() + timeout
@@ -185,31 +195,34 @@ class Server:
         return self.request("POST", path, xml, content_type=kw.pop("content_type",
                                                                     "application/xml"), **kw)
 
-    def raw(self, data, timeout=10, read=True, shutdown=True):
-        """Sends bytes on a fresh connection, reads until close or timeout; returns bytes."""
+    def raw(self, data, timeout=10, idle=1.5):
+        """Sends bytes on a fresh connection and reads until the server closes it, `timeout`
+        passes, or nothing more came for `idle` seconds after something came; returns bytes."""
         s = socket.create_connection((HOST, self.port), timeout=timeout)
         out = b""
         try:
-            s.sendall(data)
-            if shutdown:
+            try:
+                s.sendall(data)
+            except OSError:
+                pass  # the server may close early; what it answered is still read
+            deadline = time.monotonic() + timeout
+            s.settimeout(0.25)
+            last = None
+            while time.monotonic() < deadline:
+                if last is not None and time.monotonic() - last > idle:
+                    break
                 try:
-                    s.shutdown(socket.SHUT_WR)
+                    chunk = s.recv(65536)
+                except socket.timeout:
+                    continue
                 except OSError:
-                    pass
-            if read:
-                deadline = time.monotonic() + timeout
-                while time.monotonic() < deadline:
-                    try:
-                        chunk = s.recv(65536)
-                    except socket.timeout:
-                        break
-                    except OSError:
-                        break
-                    if not chunk:
-                        break
-                    out += chunk
-                    if len(out) > 16 << 20:
-                        break
+                    break
+                if not chunk:
+                    break
+                out += chunk
+                last = time.monotonic()
+                if len(out) > 16 << 20:
+                    break
         finally:
             s.close()
         self.record(out)
@@ -306,7 +319,8 @@ class Suite:
 
         self.forbidden = [(self.out_marker, "the outside canary's marker"),
                           (self.env_marker, "the server's environment (/proc/self/environ)"),
-                          ("root:x:0:0", "/etc/passwd")]
+                          ("root:x:0:0", "/etc/passwd"),
+                          (self.api_key, "the API key")]
         try:
             with open("/etc/passwd") as f:
                 first = f.readline().strip()
@@ -339,6 +353,25 @@ class Suite:
         self.budget = Server(self, "budget", ["--max-schemas", "2", "--max-body-bytes", "65536",
                                               "--max-queue", "2", "--max-batch", "1"])
         self.servers = [self.plain, self.rooted, self.keyed, self.budget]
+        if os.environ.get("HOSTILE_STRIP_UNKNOWN_FLAGS") == "1":
+            # Only to debug this script against a build without the issue-31 flags: flags the
+            # binary does not know are dropped (the cases that need them then fail).
+            help_text = subprocess.run([self.cli, "serve", "--help"], stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, timeout=60).stdout.decode()
+            for s in self.servers:
+                args, i = [], 0
+                while i < len(s.extra_args):
+                    flag, value = s.extra_args[i], s.extra_args[i + 1]
+                    i += 2
+                    if flag + " " in help_text or flag + "," in help_text:
+                        args.append(flag)
+                        args.append(value)
+                    elif flag == "--api-key-file":
+                        args += ["--api-key", self.api_key]
+                        print("note: --api-key-file unknown: %s uses --api-key" % s.label)
+                    else:
+                        print("note: %s unknown to this build: dropped from %s" % (flag, s.label))
+                s.extra_args = args
         for s in self.servers:
             s.launch()
         for s in self.servers:
@@ -401,10 +434,8 @@ class Suite:
         t0 = time.monotonic()
         why = None
         if not srv.alive():
-            if srv.start_error and srv.starts >= 1 and srv.proc.poll() is not None and \
-                    srv.port is None:
-                why = "server '%s' is not running: %s" % (srv.label, srv.start_error)
-        if why is None:
+            why = "server '%s' is not running: %s" % (srv.label, srv.start_error)
+        else:
             try:
                 fn(srv)
             except CaseFailure as e:
@@ -435,7 +466,7 @@ def urlquote(s):
     out = []
     for ch in s.encode("utf-8"):
         c = chr(ch)
-        if c.isalnum() or c in "-._~":
+        if ch < 128 and (c.isalnum() or c in "-._~"):
             out.append(c)
         else:
             out.append("%%%02X" % ch)
@@ -585,12 +616,25 @@ def src_spellings(suite):
 
 def make_src_case(suite, xml, ctype, inside):
     def case(srv):
+        srv.request("DELETE", "/v1/schemas/h", timeout=10)  # left by an earlier case
         body = xml
         content_type = ctype or "application/xml"
         if ctype == "utf16":
             body = ("\ufeff" + src_schema("/etc/passwd")).encode("utf-16-le")
             content_type = "application/xml"
-        resp = srv.post_xml(body, timeout=20, content_type=content_type)
+        fifo = os.path.join(suite.root, "fifo")
+        is_fifo = xml is not None and 'src="fifo"' in xml
+        resp = srv.post_xml(body, timeout=8 if is_fifo else 20, content_type=content_type)
+        if is_fifo:
+            # A reader stuck in open() on the FIFO is released, so the rest of the run goes on.
+            try:
+                fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+                os.close(fd)
+                stuck = True
+            except OSError:
+                stuck = False
+            check(resp[0] is not None, "no answer within 8 s for a FIFO src%s: %s" % (
+                " (a reader was stuck on the FIFO)" if stuck else "", short(resp[2])))
         if inside and srv.inside_root_allowed:
             j = expect_ok(resp, "schema reading %s inside --schema-root" % inside)
             st, _, lay = srv.request("GET", "/v1/schemas/h", timeout=10)
@@ -599,6 +643,8 @@ def make_src_case(suite, xml, ctype, inside):
                   "the layout does not hold %s's text: %s" % (inside, short(lay)))
             srv.request("DELETE", "/v1/schemas/h", timeout=10)
             return
+        if resp[0] == 200:
+            srv.request("DELETE", "/v1/schemas/h", timeout=10)
         j = expect_error(resp, words=["src", "read", "file", "xml", "attribute", "entity",
                                       "doctype", "element", "include", "utf", "encoding",
                                       "path", "duplicate", "unknown", "name", "root"])
@@ -821,13 +867,13 @@ def sizes_cases(suite):
             '<!ENTITY a%d "%s">' % (i, ("&a%d;" % (i - 1)) * 10) for i in range(1, 10))
         xml = '<!DOCTYPE schema [%s]><schema name="h"><module name="m">&a9;</module></schema>' % ents
         resp = srv.post_xml(xml, timeout=30)
-        # Not expanded: a refusal, or the literal text; never a billion lols.
+        # Never a billion lols; and entity declarations, which the parser does not expand, are
+        # refused rather than taken as the literal text "&a9;" (the stricter reading).
         check(resp[0] is not None and len(resp[2]) < 1 << 20,
               "status %s, %d bytes" % (resp[0], len(resp[2])))
         if resp[0] == 200:
             srv.request("DELETE", "/v1/schemas/h", timeout=10)
-        else:
-            expect_error(resp)
+        expect_error(resp, words=["entity", "doctype"])
     out.append(("xml_billion_laughs", xml_billion_laughs))
     return out
 
@@ -866,7 +912,8 @@ def budget_body_cases(suite):
             srv.record(data)
             check(data.startswith(b"HTTP/1.1 413") or data.startswith(b"HTTP/1.0 413"),
                   "no 413 within %.0fs: %s" % (time.monotonic() - t0, short(data)))
-            check(time.monotonic() - t0 < 5, "the 413 took %.1fs" % (time.monotonic() - t0))
+            # Bound: the server's read timeout (5 s) and a margin.
+            check(time.monotonic() - t0 < 8, "the 413 took %.1fs" % (time.monotonic() - t0))
         finally:
             s.close()
     out.append(("content_length_announced_never_sent", announced_never_sent))
@@ -1016,7 +1063,8 @@ def incomplete_body_held(srv):
 
 
 def many_connections(srv):
-    for i in range(300):
+    # 150, not thousands: the listen backlog is small, so a burst costs 1 s SYN retransmits.
+    for i in range(150):
         s = socket.create_connection((HOST, srv.port), timeout=5)
         if i % 3 == 1:
             s.sendall(b"GET /heal")
@@ -1108,7 +1156,9 @@ def origin_foreign(srv):
     fails = []
     for origin in ("http://evil.example", "null", "http://127.0.0.1.evil.example",
                    "http://localhost.evil.example:%d" % srv.port, "file://",
-                   "https://127.0.0.1:%d" % srv.port + ".evil.example"):
+                   "https://127.0.0.1:%d" % srv.port + ".evil.example",
+                   "https://127.0.0.1:%d" % srv.port, "http://good.example.evil.example",
+                   "http://good.example:8080"):
         for method, path, body, ctype in (
                 ("POST", "/v1/chat/completions", json.dumps(GOOD_CHAT), "application/json"),
                 ("POST", "/v1/prompt", json.dumps(GOOD_PROMPT), "application/json"),
@@ -1119,7 +1169,10 @@ def origin_foreign(srv):
             resp = srv.request(method, path, body, headers={"Origin": origin}, content_type=ctype,
                                timeout=20)
             try:
-                expect_error(resp, status=403, etype="permission_error")
+                if ctype == "text/plain" and resp[0] == 415:  # either refusal may come first
+                    expect_error(resp, status=415)
+                else:
+                    expect_error(resp, status=403, etype="permission_error")
                 check("access-control-allow-origin" not in resp[1],
                       "a refused origin got CORS headers: %s" % resp[1])
             except CaseFailure as e:
@@ -1200,7 +1253,8 @@ def hosts(srv):
     fails = []
     for host in ("evil.example", "localhost.evil.example", "127.0.0.1.evil.example",
                  "evil.example:%d" % srv.port, "localhost.evil.example:%d" % srv.port,
-                 "LOCALHOST.evil.example", "10.0.0.1", "", "good.host.evil.example"):
+                 "LOCALHOST.evil.example", "10.0.0.1", "good.host.evil.example",
+                 "127.0.0.1@evil.example", "evil.example#127.0.0.1"):
         for method, path, body, ctype in (
                 ("POST", "/v1/chat/completions", json.dumps(GOOD_CHAT), "application/json"),
                 ("GET", "/v1/schemas", None, None), ("GET", "/", None, None)):
@@ -1244,8 +1298,8 @@ def keys(suite):
              "chat without a key")
         want(srv.request("GET", "/v1/models?api_key=" + key, use_default_headers=False), 401,
              "?api_key= on /v1/models")
-        want(srv.request("GET", "/?api_key=" + key, use_default_headers=False), 401,
-             "?api_key= on /")
+        want(srv.request("GET", "/v1/schemas?api_key=" + key, use_default_headers=False), 401,
+             "?api_key= on /v1/schemas")
         want(srv.post_json("/v1/chat/completions?api_key=" + key, GOOD_CHAT,
                            use_default_headers=False), 401, "?api_key= on chat")
         want(srv.request("GET", "/v1/models", headers={"Authorization": "Bearer " + key + "x"},
@@ -1254,8 +1308,6 @@ def keys(suite):
                          use_default_headers=False), 401, "a key prefix")
         want(srv.request("GET", "/v1/models", headers={"Authorization": key},
                          use_default_headers=False), 401, "the key without Bearer")
-        want(srv.request("GET", "/v1/models", headers={"Authorization": "Bearer " + key + "  "},
-                         use_default_headers=False), 200, "Bearer KEY with trailing spaces")
         want(srv.request("GET", "/v1/models", headers={"Authorization": "Bearer " + key},
                          use_default_headers=False), 200, "Authorization: Bearer KEY")
         want(srv.request("GET", "/v1/models", headers={"X-API-Key": key},
@@ -1275,10 +1327,10 @@ def keys(suite):
                             stderr=subprocess.DEVNULL, timeout=10).stdout
         if key.encode() in ps:
             fails.append("the key is in ps output")
-        # Nor in the playground page or an error.
-        st, _, page = srv.request("GET", "/", timeout=10)
-        if key.encode() in page:
-            fails.append("the playground page holds the key")
+        # Nor in the playground page (with or without ?api_key=, which must not authorize
+        # anything; the leak scan checks every response for the key).
+        srv.request("GET", "/", timeout=10)
+        srv.request("GET", "/?api_key=" + key, timeout=10, use_default_headers=False)
         if key.encode() in srv.log_text().encode():
             fails.append("the key is printed on stderr")
         check(not fails, "; ".join(fails))
@@ -1438,6 +1490,8 @@ def cancel_on_disconnect(suite):
               "(the compile takes about %.1fs; bound %.1fs)" % (dt, Calibration.est_s, bound))
         time.sleep(0.5)
         st, _, body = srv.request("GET", "/v1/schemas/hbig", timeout=10)
+        if st == 200:
+            srv.request("DELETE", "/v1/schemas/hbig", timeout=30)
         check(st == 404, "the cancelled schema is registered: %s" % st)
     return case
 
@@ -1470,6 +1524,8 @@ def delete_while_compiling(suite):
         expect_ok(srv.post_json("/v1/prompt", GOOD_PROMPT, timeout=60), "good prompt after")
         check(time.monotonic() - t0 < 5, "the good prompt took %.1fs" % (time.monotonic() - t0))
         st, _, _ = srv.request("GET", "/v1/schemas/hdel", timeout=10)
+        if st == 200:
+            srv.request("DELETE", "/v1/schemas/hdel", timeout=30)
         check(st == 404, "the deleted schema is registered: %s" % st)
     return case
 
@@ -1557,7 +1613,6 @@ def main(argv):
         suite.run_case("key_origin_foreign_403", K, origin_foreign)
         suite.run_case("key_src_abs", K, make_src_case(suite, src_schema("/etc/passwd"), None,
                                                        None))
-        suite.run_case("key_never_echoed", K, key_never_echoed(suite))
 
         # budgets and cancellation
         suite.run_case("max_schemas_429", B, max_schemas)
