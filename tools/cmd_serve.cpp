@@ -3,11 +3,11 @@
 
 #include <filesystem>
 #include <iostream>
+#include <limits>
 
 #include "engine_setup.hpp"
-#ifdef PROMPTCACHE_WITH_SERVER
+// The header needs no HTTP library: a build without cpp-httplib still parses the flags.
 #include "promptcache/server/server.hpp"
-#endif
 
 namespace promptcache::cli {
 
@@ -18,6 +18,7 @@ Command register_serve(CLI::App& root) {
     std::vector<std::string> schemas;
     std::string host = "127.0.0.1", api_key;
     int port = 8080, max_batch = 16, http_threads = 64;
+    server::ServerOptions limits;  // the files, sizes and budgets block below
   };
   auto o = std::make_shared<Options>();
   auto* app = root.add_subcommand(
@@ -30,8 +31,40 @@ Command register_serve(CLI::App& root) {
   add_model_options(*app, o->model, /*model_required=*/true);
   add_engine_flags(*app, o->engine);
   app->add_option("--schema,-s", o->schemas,
-                  "schema XML file to compile before serving (repeatable)")
+                  "schema XML file to compile before serving (repeatable); its module src files "
+                  "are read inside its folder")
       ->check(CLI::ExistingFile);
+  // Files, sizes and budgets (docs/server.md, "Security").
+  server::ServerOptions& l = o->limits;
+  app->add_flag("--allow-src-outside", l.allow_src_outside,
+                "let the --schema files' module src attributes name files outside their folder");
+  app->add_option("--schema-root", l.schema_root,
+                  "schemas posted to /v1/schemas may read module src files inside DIR (real "
+                  "paths, symbolic links followed); without it every src in a posted schema is "
+                  "refused")
+      ->check(CLI::ExistingDirectory);
+  app->add_option("--max-body-bytes", l.max_body_bytes,
+                  "largest request body; a larger one gets 413")
+      ->capture_default_str()
+      ->check(whole_number(1, std::size_t{1} << 30));
+  app->add_option("--max-json-depth", l.max_json_depth,
+                  "deepest nesting of a JSON body; a deeper one gets 400")
+      ->capture_default_str()
+      ->check(whole_number(2, 1000));
+  app->add_option("--max-queue", l.max_queue,
+                  "most requests waiting for the batch; more get 429 (0: no limit)")
+      ->capture_default_str();
+  app->add_option("--max-compiles", l.max_compiles,
+                  "most schema compiles waiting or running; more get 429 (0: no limit)")
+      ->capture_default_str();
+  app->add_option("--max-schemas", l.max_schemas,
+                  "most schemas registered at once; more get 429 (0: no limit)")
+      ->capture_default_str();
+  app->add_option("--max-schema-positions", l.max_schema_positions,
+                  "most token positions the registered schemas reserve together; more get 429 "
+                  "(0: no limit)")
+      ->capture_default_str()
+      ->check(whole_number(0, std::numeric_limits<int64_t>::max()));
   app->add_option("--host", o->host, "address to listen on")->capture_default_str();
   app->add_option("--port,-p", o->port, "port to listen on (0: any free port)")
       ->capture_default_str()
@@ -51,7 +84,7 @@ Command register_serve(CLI::App& root) {
   return {app, [o]() -> int {
 #ifdef PROMPTCACHE_WITH_SERVER
             std::cerr << apply_threads(o->model) << "\n";
-            server::ServerOptions options;
+            server::ServerOptions options = o->limits;
             options.host = o->host;
             options.port = o->port;
             options.max_batch = o->max_batch;

@@ -5,11 +5,11 @@
 #include <chrono>
 #include <csignal>
 #include <filesystem>
-#include <regex>
-#include <set>
 
+#include "chat_encoding.hpp"
 #include "openai.hpp"
 #include "promptcache/server/server.hpp"
+#include "request.hpp"
 #include "scheduler.hpp"
 #include "views.hpp"
 
@@ -44,17 +44,35 @@ void send_json(httplib::Response& res, int status, const json& body) {
   res.set_content(dump(body), "application/json");
 }
 
-// A schema posted over HTTP may not read server files: module src attributes are refused
-// before the parser would open them.
-void refuse_src(const std::string& xml) {
-  static const std::regex src(R"(<\s*module\b[^>]*\bsrc\s*=)");
-  if (std::regex_search(xml, src)) {
-    throw Error(ErrorKind::kSchema,
-                "module src files are not read from schemas posted to the server; put the text "
-                "in the module, or start the server with --schema FILE",
-                SourceLocation{"<request>", 0, 0, "<module src=...>"});
+// What a posted schema's src attributes may read: nothing, or with --schema-root files inside
+// that folder. A file the client names that is missing there is the client's mistake (400).
+class PostedSrcFiles final : public pml::SrcResolver {
+ public:
+  explicit PostedSrcFiles(const std::string& root)
+      : root_(root.empty() ? nullptr
+                           : std::make_unique<pml::RootedSrcFiles>(
+                                 root, pml::RootedSrcFiles::Scope::kInsideRoot,
+                                 " (the server reads src files only inside its --schema-root)")) {}
+  std::string read(const std::string& src, const SourceLocation& where) const override {
+    if (!root_) {
+      throw Error(ErrorKind::kSchema,
+                  "module src \"" + src +
+                      "\" is not read: schemas posted to the server may not read files; put the "
+                      "text in the module, or start the server with --schema-root DIR (src "
+                      "files inside DIR) or --schema FILE",
+                  where);
+    }
+    try {
+      return root_->read(src, where);
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::kIo) throw;
+      throw Error(ErrorKind::kSchema, e.message(), e.where());
+    }
   }
-}
+
+ private:
+  std::unique_ptr<pml::RootedSrcFiles> root_;
+};
 
 bool stream_query(const httplib::Request& req, bool fallback) {
   if (!req.has_param("stream")) return fallback;
@@ -64,14 +82,36 @@ bool stream_query(const httplib::Request& req, bool fallback) {
 
 }  // namespace
 
+SchedulerOptions scheduler_options(const ServerOptions& o) {
+  SchedulerOptions s;
+  s.max_batch = o.max_batch;
+  s.cache_dir = o.cache_dir;
+  s.max_queue = o.max_queue;
+  s.max_compiles = o.max_compiles;
+  s.max_schemas = o.max_schemas;
+  s.max_schema_positions = o.max_schema_positions;
+  return s;
+}
+
+RequestLimits request_limits(const ServerOptions& o) {
+  RequestLimits limits;
+  limits.max_body_bytes = o.max_body_bytes;
+  limits.max_json_depth = o.max_json_depth;
+  return limits;
+}
+
 struct Server::Impl {
   Impl(std::unique_ptr<Engine> e, ServerOptions o)
       : engine(std::move(e)),
         options(std::move(o)),
-        scheduler(*engine, metrics, options.max_batch, options.cache_dir) {}
+        limits(request_limits(options)),
+        posted_src(options.schema_root),
+        scheduler(*engine, metrics, scheduler_options(options)) {}
 
   std::unique_ptr<Engine> engine;
   ServerOptions options;
+  RequestLimits limits;
+  PostedSrcFiles posted_src;
   Metrics metrics;
   Scheduler scheduler;
   httplib::Server http;
@@ -86,6 +126,7 @@ struct Server::Impl {
   void post_schema(const httplib::Request& req, httplib::Response& res);
   void post_prompt(const httplib::Request& req, httplib::Response& res);
   void post_openai(const httplib::Request& req, httplib::Response& res, bool chat);
+  std::vector<TokenId> plain_ids(const std::vector<pml::Turn>& turns) const;
   void delete_schema(const std::string& name, httplib::Response& res);
   void start_scheduler() {
     if (!started) scheduler.start();
@@ -187,19 +228,11 @@ void Server::Impl::reply(const JobPtr& job, bool stream, Format format, httplib:
 }
 
 void Server::Impl::post_schema(const httplib::Request& req, httplib::Response& res) {
-  std::string xml = req.body;
-  if (req.get_header_value("Content-Type").rfind("application/json", 0) == 0) {
-    const json body = parse_body(req.body);
-    if (!body.contains("xml") || !body["xml"].is_string()) {
-      throw Error(ErrorKind::kInvalidArgument,
-                  "a JSON body must hold the schema as {\"xml\": \"<schema ...>\"}");
-    }
-    xml = body["xml"];
-  }
-  refuse_src(xml);
+  const std::string xml =
+      schema_xml_from_body(req.body, req.get_header_value("Content-Type"), limits);
   auto job = std::make_shared<Job>();
   job->kind = Job::Kind::kCompile;
-  job->schema = pml::parse_schema_string(xml, "<request>");
+  job->schema = parse_posted_schema(xml, posted_src, limits);
   Format f;
   f.accepted = [](const Event& e) { return sse(e.body); };
   f.progress = [](const Event& e) { return sse(e.body); };
@@ -225,36 +258,14 @@ void Server::Impl::delete_schema(const std::string& name, httplib::Response& res
 }
 
 void Server::Impl::post_prompt(const httplib::Request& req, httplib::Response& res) {
-  const json body = parse_body(req.body);
-  static const std::set<std::string> known = {
-      "prompt",      "stream", "use_cache", "recompute",          "max_new_tokens",
-      "temperature", "top_k",  "top_p",     "repetition_penalty", "seed",
-      "stop"};
-  for (const auto& [key, _] : body.items()) {
-    if (!known.count(key)) {
-      throw Error(
-          ErrorKind::kInvalidArgument,
-          "unknown field '" + key +
-              "' (known: prompt, stream, use_cache, recompute, max_new_tokens, temperature, "
-              "top_k, top_p, repetition_penalty, seed, stop)");
-    }
-  }
-  if (!body.contains("prompt") || !body["prompt"].is_string()) {
-    throw Error(ErrorKind::kInvalidArgument,
-                "'prompt' must be a PML prompt string (<prompt schema=\"...\">...</prompt>)");
-  }
+  PromptRequest request = parse_prompt_request(req.body, limits);
   auto job = std::make_shared<Job>();
   job->kind = Job::Kind::kPrompt;
-  job->params = sampling_from_json(body, "max_new_tokens");
-  job->prompt = pml::parse_prompt_string(body["prompt"].get<std::string>(), "<prompt>");
-  for (const char* flag : {"use_cache", "stream"}) {
-    if (body.contains(flag) && !body[flag].is_boolean()) {
-      throw Error(ErrorKind::kInvalidArgument, std::string("'") + flag + "' must be true or false");
-    }
-  }
-  job->use_cache = body.value("use_cache", true);
-  job->recompute = recompute_from_json(body, "recompute");
-  const bool stream = body.value("stream", false);
+  job->params = std::move(request.params);
+  job->prompt = std::move(request.prompt);
+  job->use_cache = request.use_cache;
+  job->recompute = request.recompute;
+  const bool stream = request.stream;
   const bool use_cache = job->use_cache;
   Format f;
   f.accepted = [](const Event& e) {
@@ -271,8 +282,42 @@ void Server::Impl::post_prompt(const httplib::Request& req, httplib::Response& r
   reply(job, stream, f, res);
 }
 
+std::vector<TokenId> Server::Impl::plain_ids(const std::vector<pml::Turn>& turns) const {
+  const int64_t limit = engine->model().config().max_position_embeddings;
+  for (const pml::Turn& turn : turns) {
+    // A text too heavy to be `limit` tokens is refused before it is tokenized.
+    if (pml::cannot_fit(turn.text, static_cast<std::size_t>(limit))) {
+      throw Error(
+          ErrorKind::kContextOverflow,
+          "the prompt is longer than the model's context of " + std::to_string(limit) + " tokens",
+          turn.where);
+    }
+  }
+  std::vector<TokenId> ids = encode_chat(engine->tokenizer(), engine->chat_template(), turns);
+  if (ids.empty()) throw Error(ErrorKind::kPrompt, "the prompt has no tokens");
+  if (static_cast<int64_t>(ids.size()) > limit) {
+    throw Error(ErrorKind::kContextOverflow, "the prompt is " + std::to_string(ids.size()) +
+                                                 " tokens but the model's context is " +
+                                                 std::to_string(limit));
+  }
+  return ids;
+}
+
 void Server::Impl::post_openai(const httplib::Request& req, httplib::Response& res, bool chat) {
-  OpenAIRequest request = openai_request(parse_body(req.body), chat);
+  CompletionRequest request = parse_completion_request(req.body, chat, limits);
+  auto job = std::make_shared<Job>();
+  job->params = std::move(request.params);
+  if (request.prompt) {
+    job->kind = Job::Kind::kPrompt;
+    job->prompt = std::move(*request.prompt);
+    job->use_cache = request.use_cache;
+    job->recompute = request.recompute;
+  } else {
+    // Tokenized and held to the context here, in the request's own thread: the scheduler gets
+    // ids that fit.
+    job->kind = Job::Kind::kPlain;
+    job->ids = plain_ids(request.turns);
+  }
   auto reply_info = std::make_shared<OpenAIReply>();
   reply_info->chat = chat;
   reply_info->id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
@@ -300,14 +345,20 @@ void Server::Impl::post_openai(const httplib::Request& req, httplib::Response& r
     return out;
   };
   f.end = "data: [DONE]\n\n";
-  reply(request.job, stream, f, res);
+  reply(job, stream, f, res);
 }
 
 void Server::Impl::routes() {
   http.new_task_queue = [n = options.http_threads] {
     return new httplib::ThreadPool(static_cast<size_t>(n));
   };
-  http.set_payload_max_length(std::size_t{256} << 20);
+  // Larger bodies are refused (413) by cpp-httplib before they are read; the error handler
+  // below gives that answer its JSON body. A client that stops sending is dropped after the
+  // read timeout.
+  http.set_payload_max_length(options.max_body_bytes);
+  http.set_read_timeout(std::chrono::seconds(10));
+  http.set_write_timeout(std::chrono::seconds(30));
+  http.set_keep_alive_timeout(5);
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
     res.set_header("WWW-Authenticate", "Bearer");
@@ -316,7 +367,16 @@ void Server::Impl::routes() {
                          "authentication_error"));
     return httplib::Server::HandlerResponse::Handled;
   });
-  http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+  http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (res.status == 413 && res.body.empty()) {
+      metrics.count_refused("max_body_bytes");
+      send_json(res, 413,
+                error_json(LimitError(413, "max_body_bytes",
+                                      "the request body is larger than the " +
+                                          std::to_string(options.max_body_bytes) +
+                                          " bytes the server takes (start it with "
+                                          "--max-body-bytes N to allow more)")));
+    }
     if (res.status == 404 && res.body.empty()) {
       send_json(res, 404,
                 error_json("no endpoint " + req.method + " " + req.path + " (see docs/server.md)",
@@ -335,6 +395,8 @@ void Server::Impl::routes() {
         h(req, res);
       } catch (const Error& e) {
         send_json(res, error_status(e), error_json(e));
+      } catch (const LimitError& e) {
+        send_json(res, e.status, error_json(e));
       } catch (const std::exception& e) {
         send_json(res, 500, error_json(std::string("internal error: ") + e.what(), "server_error"));
       }
@@ -402,7 +464,17 @@ void Server::add_schema_file(const std::string& path, const Engine::ProgressCall
     throw Error(ErrorKind::kInvalidArgument,
                 "add_schema_file is for before serving; post schemas to /v1/schemas instead");
   }
-  impl_->scheduler.add_schema_file(path, progress);
+  using Scope = pml::RootedSrcFiles::Scope;
+  const pml::Schema schema = pml::parse_schema_file(
+      path, pml::src_files_beside(
+                path, impl_->options.allow_src_outside ? Scope::kAnywhere : Scope::kInsideRoot,
+                " (start the server with --allow-src-outside to read files "
+                "outside the schema's folder)"));
+  try {
+    impl_->scheduler.add_schema(schema, progress);
+  } catch (const LimitError& e) {
+    throw Error(ErrorKind::kInvalidArgument, e.what(), {path, 0, 0, {}});
+  }
 }
 
 int Server::bind() {

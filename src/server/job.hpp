@@ -61,9 +61,8 @@ class Channel {
 struct Job {
   enum class Kind { kPrompt, kPlain, kCompile, kDelete };
   Kind kind = Kind::kPrompt;
-  pml::Prompt prompt;                                           // kPrompt
-  std::function<std::vector<TokenId>(const Engine&)> tokenize;  // kPlain: the prompt's ids
-  std::vector<TokenId> ids;  // kPlain: tokenize's result, once accepted (the scheduler thread's)
+  pml::Prompt prompt;        // kPrompt
+  std::vector<TokenId> ids;  // kPlain: the prompt's ids (tokenized by the request's thread)
   pml::Schema schema;        // kCompile
   std::string schema_name;   // kDelete
   SamplingParams params;
@@ -73,6 +72,8 @@ struct Job {
   bool accepted = false;  // kAccepted was sent (the scheduler thread's: a prompt may wait for room)
   // Set by the handler when its client is gone: the token callbacks then return false.
   std::atomic<bool> cancelled{false};
+  // kCompile: its schema was deleted while it waited or ran (set under the scheduler's lock).
+  std::atomic<bool> deleted{false};
   Channel channel;
 };
 using JobPtr = std::shared_ptr<Job>;

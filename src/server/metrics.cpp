@@ -60,6 +60,11 @@ void Metrics::count_cancelled() {
   ++cancelled_;
 }
 
+void Metrics::count_refused(const std::string& limit) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++refused_[limit];
+}
+
 void Metrics::count_join() {
   std::lock_guard<std::mutex> lock(mutex_);
   ++joins_;
@@ -93,7 +98,8 @@ std::string Metrics::render(const Gauges& gauges) const {
       "# HELP promptcache_generated_tokens_total Tokens generated.\n"
       "# TYPE promptcache_generated_tokens_total counter\n"
       "promptcache_generated_tokens_total {}\n"
-      "# HELP promptcache_cancelled_total Generations stopped because their client went away.\n"
+      "# HELP promptcache_cancelled_total Generations and compiles stopped because their client "
+      "went away or their schema was deleted.\n"
       "# TYPE promptcache_cancelled_total counter\n"
       "promptcache_cancelled_total {}\n"
       "# HELP promptcache_store_bytes Bytes of module states in the store.\n"
@@ -142,6 +148,12 @@ std::string Metrics::render(const Gauges& gauges) const {
       t.hits, t.misses, t.promotions, t.file_loads, t.recompiles, t.evictions, t.shared,
       t.host_bytes, t.device_bytes, t.host_spans, t.device_spans, t.max_host_bytes,
       t.max_device_bytes);
+  out +=
+      "# HELP promptcache_refused_total Requests refused by a size or budget limit, by limit.\n"
+      "# TYPE promptcache_refused_total counter\n";
+  for (const auto& [limit, n] : refused_) {
+    out += fmt::format("promptcache_refused_total{{limit=\"{}\"}} {}\n", limit, n);
+  }
   return out;
 }
 

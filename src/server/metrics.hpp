@@ -45,6 +45,8 @@ class Metrics {
   void count_cancelled();
   // A request (prompt or plain) admitted into a batch that was already decoding.
   void count_join();
+  // A request refused by a budget or size limit ("max_queue", "max_body_bytes", ...).
+  void count_refused(const std::string& limit);
   std::string render(const Gauges& gauges) const;
 
  private:
@@ -55,6 +57,7 @@ class Metrics {
   int64_t cached_tokens_ = 0, fresh_tokens_ = 0, generated_tokens_ = 0;
   uint64_t cancelled_ = 0;
   uint64_t joins_ = 0;
+  std::map<std::string, uint64_t> refused_;  // by limit (a fixed set of names)
 };
 
 // The label a request path is counted under: /v1/schemas/NAME counts as /v1/schemas/{name}, and

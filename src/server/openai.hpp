@@ -1,10 +1,6 @@
-// The OpenAI-compatible endpoints: /v1/chat/completions and /v1/completions requests become
-// Jobs, and answers become the response and chunk shapes OpenAI clients read.
-//
-// An extra request field selects prompt modules:
-//   "promptcache": {"schema": "docs", "modules": ["doc-a", {"name": "focus",
-//                   "arguments": {"topic": "x"}, "modules": [...]}], "use_cache": true}
-// The messages are then the prompt's turns after the selected modules. Without it the request
+// The OpenAI-compatible endpoints' answers: the response and chunk shapes OpenAI clients read.
+// Their requests are read in request.hpp (parse_completion_request): with a "promptcache" field
+// the messages are the turns of a PML prompt after the selected modules; without it the request
 // runs on the plain model (in the same continuous batch), reusing the longest token prefix of
 // the previous such request.
 #pragma once
@@ -15,16 +11,6 @@
 #include "job.hpp"
 
 namespace promptcache::server {
-
-struct OpenAIRequest {
-  JobPtr job;
-  bool chat = true;
-  bool stream = false;
-  bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
-};
-
-// Error(kInvalidArgument) naming the field for a malformed request.
-OpenAIRequest openai_request(const nlohmann::json& body, bool chat);
 
 // What every response and chunk of one request shares.
 struct OpenAIReply {

@@ -28,6 +28,14 @@ Event shutting_down_event() {
   return ev;
 }
 
+Event limit_event(const LimitError& e) {
+  Event ev;
+  ev.type = Event::Type::kError;
+  ev.status = e.status;
+  ev.body = error_json(e);
+  return ev;
+}
+
 Event internal_error_event(const std::exception& e) {
   Event ev;
   ev.type = Event::Type::kError;
@@ -38,11 +46,11 @@ Event internal_error_event(const std::exception& e) {
 
 }  // namespace
 
-Scheduler::Scheduler(Engine& engine, Metrics& metrics, int max_batch, std::string cache_dir)
+Scheduler::Scheduler(Engine& engine, Metrics& metrics, SchedulerOptions options)
     : engine_(engine),
       metrics_(metrics),
-      max_batch_(std::max(1, max_batch)),
-      cache_dir_(std::move(cache_dir)),
+      options_(std::move(options)),
+      max_batch_(std::max(1, options_.max_batch)),
       batch_(std::make_unique<BatchSession>(engine, BatchSessionOptions{max_batch_, 0})) {}
 
 Scheduler::~Scheduler() {
@@ -50,28 +58,62 @@ Scheduler::~Scheduler() {
 }
 
 std::string Scheduler::cache_file(const pml::Schema& schema) const {
-  if (cache_dir_.empty()) return "";
-  std::filesystem::create_directories(cache_dir_);
+  if (options_.cache_dir.empty()) return "";
+  std::filesystem::create_directories(options_.cache_dir);
   // The name `promptcache compile --cache-dir` and the CLI's --cache-dir use (cache_file_name).
-  return (std::filesystem::path(cache_dir_) /
+  return (std::filesystem::path(options_.cache_dir) /
           cache_file_name(engine_.layout_only(schema), engine_.model(), engine_.options().encoding))
       .string();
 }
 
-void Scheduler::add_schema_file(const std::string& path, const Engine::ProgressCallback& progress) {
-  const pml::Schema schema = pml::parse_schema_file(path);
+void Scheduler::add_schema(const pml::Schema& schema, const Engine::ProgressCallback& progress) {
+  check_schema_budget(engine_.layout_only(schema));
   engine_.add_schema(schema, progress, cache_file(schema));
   publish(schema.name);
 }
 
-void Scheduler::publish(const std::string& name) {
+void Scheduler::check_schema_budget(const pml::Layout& layout) const {
+  std::size_t count = 1;
+  int64_t positions = static_cast<int64_t>(layout.total_length);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [name, view] : schemas_) {
+      if (name == layout.schema_name) continue;  // replaced
+      ++count;
+      positions += view["total_length"].get<int64_t>();
+    }
+  }
+  if (options_.max_schemas > 0 && count > options_.max_schemas) {
+    throw LimitError(429, "max_schemas",
+                     "the server holds " + std::to_string(count - 1) +
+                         " schemas, its limit (--max-schemas " +
+                         std::to_string(options_.max_schemas) +
+                         "); delete one (DELETE /v1/schemas/NAME) or start the server with a "
+                         "larger --max-schemas");
+  }
+  if (options_.max_schema_positions > 0 && positions > options_.max_schema_positions) {
+    throw LimitError(429, "max_schema_positions",
+                     "schema '" + layout.schema_name + "' reserves " +
+                         std::to_string(layout.total_length) +
+                         " positions, which would bring the server's schemas to " +
+                         std::to_string(positions) + ", over its limit (--max-schema-positions " +
+                         std::to_string(options_.max_schema_positions) +
+                         "); delete a schema or start the server with a larger "
+                         "--max-schema-positions");
+  }
+}
+
+bool Scheduler::publish(const std::string& name, const Job* compile) {
   json view = layout_json(engine_.layout(name), engine_.compile_report(name));
   std::lock_guard<std::mutex> lock(mutex_);
+  if (compile && compile->deleted) return false;  // run_delete sets it under this lock
   schemas_[name] = std::move(view);
+  return true;
 }
 
 void Scheduler::start() {
   thread_ = std::thread([this] { loop(); });
+  compile_thread_ = std::thread([this] { compile_loop(); });
 }
 
 void Scheduler::stop() {
@@ -80,27 +122,54 @@ void Scheduler::stop() {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
     refused.swap(queue_);
+    refused.insert(refused.end(), compiles_.begin(), compiles_.end());
+    compiles_.clear();
   }
   wake_.notify_all();
+  compile_wake_.notify_all();
   for (const JobPtr& job : refused) {
     job->channel.push(shutting_down_event());
   }
   if (thread_.joinable()) thread_.join();
+  if (compile_thread_.joinable()) compile_thread_.join();
 }
 
 void Scheduler::submit(JobPtr job) {
+  std::optional<Event> refusal;
+  const bool compile = job->kind == Job::Kind::kCompile;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!stopping_) {
-      queue_.push_back(std::move(job));
-      job = nullptr;
+    const std::size_t compiles = compiles_.size() + (compiling_ ? 1 : 0);
+    if (stopping_) {
+      refusal = shutting_down_event();
+    } else if (compile && options_.max_compiles > 0 && compiles >= options_.max_compiles) {
+      refusal = limit_event(
+          LimitError(429, "max_compiles",
+                     std::to_string(compiles) +
+                         " compiles are waiting or running, the server's limit "
+                         "(--max-compiles " +
+                         std::to_string(options_.max_compiles) +
+                         "); try again when one has finished, or start the server with a larger "
+                         "--max-compiles"));
+    } else if (!compile && job->kind != Job::Kind::kDelete && options_.max_queue > 0 &&
+               queue_.size() >= options_.max_queue) {
+      refusal = limit_event(
+          LimitError(429, "max_queue",
+                     std::to_string(queue_.size()) +
+                         " requests are waiting, the server's limit "
+                         "(--max-queue " +
+                         std::to_string(options_.max_queue) +
+                         "); try again shortly, or start the server with a larger --max-queue"));
+    } else {
+      (compile ? compiles_ : queue_).push_back(job);
     }
   }
-  if (job) {
-    job->channel.push(shutting_down_event());
+  if (refusal) {
+    if (refusal->status == 429) metrics_.count_refused(refusal->body["error"]["limit"]);
+    job->channel.push(std::move(*refusal));
     return;
   }
-  wake_.notify_one();
+  (compile ? compile_wake_ : wake_).notify_one();
 }
 
 json Scheduler::schema_list() const {
@@ -146,8 +215,6 @@ void Scheduler::loop() {
       {
         std::lock_guard<std::mutex> lock(mutex_);
         if (stopping_ || queue_.empty()) break;
-        const Job::Kind kind = queue_.front()->kind;
-        if (kind == Job::Kind::kCompile) break;
         job = queue_.front();
         queue_.pop_front();
       }
@@ -174,18 +241,20 @@ void Scheduler::loop() {
         break;
       }
     }
-    if (!batch_->empty()) {
-      step();
-      continue;
-    }
-    // The batch has drained: the job at the front (a compile) runs alone.
+    if (!batch_->empty()) step();
+  }
+}
+
+void Scheduler::compile_loop() {
+  for (;;) {
     JobPtr job;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      std::unique_lock<std::mutex> lock(mutex_);
+      compile_wake_.wait(lock, [&] { return stopping_ || !compiles_.empty(); });
       if (stopping_) return;
-      if (queue_.empty() || queue_.front()->kind != Job::Kind::kCompile) continue;
-      job = queue_.front();
-      queue_.pop_front();
+      job = compiles_.front();
+      compiles_.pop_front();
+      compiling_ = job;
     }
     try {
       run_compile(*job);
@@ -193,6 +262,8 @@ void Scheduler::loop() {
       // run_compile reports its own errors; this is what escaped it (a bug or no memory).
       job->channel.push(internal_error_event(e));
     }
+    std::lock_guard<std::mutex> lock(mutex_);
+    compiling_ = nullptr;
   }
 }
 
@@ -230,7 +301,8 @@ void Scheduler::accept(Job& job) {
   Event ev;
   ev.type = Event::Type::kAccepted;
   if (job.kind == Job::Kind::kPlain) {
-    job.ids = job.tokenize(engine_);
+    // Tokenized in the request's own thread (http_server.cpp); checked again here for callers
+    // that submit ids directly.
     if (job.ids.empty()) throw Error(ErrorKind::kPrompt, "the prompt has no tokens");
     if (static_cast<int64_t>(job.ids.size()) > limit) {
       throw Error(ErrorKind::kContextOverflow, "the prompt is " + std::to_string(job.ids.size()) +
@@ -305,8 +377,16 @@ void Scheduler::step() {
 
 void Scheduler::run_compile(Job& job) {
   const std::string& name = job.schema.name;
+  // The compile stops at its next forward once its client is gone, its schema was deleted
+  // (run_delete sets `cancelled`) or the server stops.
+  const auto cancelled = [this, &job] {
+    if (job.cancelled.load()) return true;
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stopping_;
+  };
   try {
     const pml::Layout layout = engine_.layout_only(job.schema);
+    check_schema_budget(layout);
     Event accepted;
     accepted.type = Event::Type::kAccepted;
     accepted.body = {{"type", "accepted"},
@@ -325,15 +405,27 @@ void Scheduler::run_compile(Job& job) {
                  {"tokens_total", p.tokens_total}};
       job.channel.push(std::move(ev));
     };
-    engine_.add_schema(job.schema, progress, cache_file(job.schema));
-    publish(name);
+    engine_.add_schema(job.schema, progress, cache_file(job.schema), Engine::StatesPolicy::kReuse,
+                       cancelled);
+    if (!publish(name, &job)) {
+      // Deleted after its last forward: what the DELETE answered holds.
+      engine_.remove_schema(name);
+      throw Error(ErrorKind::kCancelled, "schema '" + name + "' was deleted while it compiled");
+    }
     Event done;
     done.type = Event::Type::kDone;
     done.body = *schema(name);
     job.channel.push(std::move(done));
+  } catch (const LimitError& e) {
+    metrics_.count_refused(e.limit);
+    job.channel.push(limit_event(e));
   } catch (const Error& e) {
-    // A schema that failed to compile is gone from the engine; its old view goes too.
-    if (!engine_.has_schema(name)) {
+    if (e.kind() == ErrorKind::kCancelled) metrics_.count_cancelled();
+    // The list shows what the engine serves: a schema compiled but not saved (disk full) is
+    // served, so its new layout is listed; one that failed keeps its old version, if any.
+    if (engine_.has_schema(name) && !job.deleted) {
+      publish(name);
+    } else {
       std::lock_guard<std::mutex> lock(mutex_);
       schemas_.erase(name);
     }
@@ -343,9 +435,32 @@ void Scheduler::run_compile(Job& job) {
 
 void Scheduler::run_delete(Job& job) {
   const std::string& name = job.schema_name;
+  std::vector<JobPtr> waiting;  // compiles of this schema that have not started
+  bool running = false;         // one is compiling now
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!schemas_.erase(name)) {
+    for (auto it = compiles_.begin(); it != compiles_.end();) {
+      if ((*it)->schema.name == name) {
+        waiting.push_back(*it);
+        it = compiles_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (compiling_ && compiling_->schema.name == name) {
+      compiling_->deleted = true;    // never published (publish checks it under this lock)
+      compiling_->cancelled = true;  // stops at its next forward and reports it
+      running = true;
+    }
+  }
+  for (const JobPtr& c : waiting) {
+    metrics_.count_cancelled();
+    c->channel.push(error_event(
+        Error(ErrorKind::kCancelled, "schema '" + name + "' was deleted before it compiled")));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!schemas_.erase(name) && waiting.empty() && !running) {
       job.channel.push(
           error_event(Error(ErrorKind::kUnknownSchema, "schema '" + name + "' is not loaded")));
       return;
@@ -355,7 +470,7 @@ void Scheduler::run_delete(Job& job) {
   engine_.remove_schema(name);
   Event done;
   done.type = Event::Type::kDone;
-  done.body = {{"deleted", name}};
+  done.body = {{"deleted", name}, {"cancelled_compiles", waiting.size() + (running ? 1 : 0)}};
   job.channel.push(std::move(done));
 }
 

@@ -1,11 +1,15 @@
-// The scheduler thread: the only thread that runs requests on the Engine. HTTP handlers submit
-// Jobs and read their results from each job's Channel. Prompt requests and plain completions
-// (no modules; BatchSession::admit_tokens, with exact prefix reuse) are batched continuously
-// (BatchSession): one that arrives while others decode joins the batch before the next decode
-// step (up to max_batch rows, each with its own sampling parameters), and one that finishes
-// leaves it at once. A delete runs at once (requests running on the schema keep its states).
-// Compiles run in arrival order: requests queued behind one wait until the batch has drained and
-// it has run.
+// The scheduler: two threads that run jobs on the Engine. HTTP handlers submit Jobs and read
+// their results from each job's Channel.
+// - The batch thread runs prompt requests and plain completions (no modules;
+//   BatchSession::admit_tokens, with exact prefix reuse), batched continuously (BatchSession):
+//   one that arrives while others decode joins the batch before the next decode step (up to
+//   max_batch rows, each with its own sampling parameters), and one that finishes leaves it at
+//   once. A delete runs at once (requests running on the schema keep its states).
+// - The compile thread runs compiles in arrival order, beside the batch (Engine::add_schema may
+//   run beside requests), so a long compile never holds generation up. A compile stops at its
+//   next forward when its client goes away, when its schema is deleted, or at shutdown.
+// Budgets (SchedulerOptions) are checked before work is queued or started; a request over one
+// gets a 429 naming the limit.
 #pragma once
 
 #include <condition_variable>
@@ -25,18 +29,31 @@
 
 namespace promptcache::server {
 
+struct SchedulerOptions {
+  int max_batch = 16;
+  std::string cache_dir;  // when set, compiled states are kept there (cache_file_name)
+  // Budgets (0: no limit). Each refusal names its flag (`promptcache serve --max-queue`, ...).
+  std::size_t max_queue = 256;   // prompt and plain requests waiting for the batch
+  std::size_t max_compiles = 2;  // compiles waiting or running
+  std::size_t max_schemas = 64;  // registered schemas
+  int64_t max_schema_positions = int64_t{1} << 20;  // their total_length, summed
+};
+
 class Scheduler {
  public:
-  Scheduler(Engine& engine, Metrics& metrics, int max_batch, std::string cache_dir);
+  Scheduler(Engine& engine, Metrics& metrics, SchedulerOptions options);
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
-  // Compiles a schema file on the calling thread; only before start().
-  void add_schema_file(const std::string& path, const Engine::ProgressCallback& progress);
+  // Compiles a schema (from a file the server was started with) on the calling thread; only
+  // before start().
+  void add_schema(const pml::Schema& schema, const Engine::ProgressCallback& progress);
   void start();
-  // Refuses what is still queued (503) and stops the running generation at its next token.
+  // Refuses what is still queued (503), stops the running generation at its next token and the
+  // running compile at its next forward.
   void stop();
+  // Queues a job; one over a budget gets its 429 error event at once.
   void submit(JobPtr job);
 
   // Snapshots for the handlers (never the engine itself).
@@ -58,27 +75,36 @@ class Scheduler {
   // Sends kAccepted once the job's prompt is known to fit; throws its Error otherwise.
   void accept(Job& job);
   void step();
+  void compile_loop();
   void run_compile(Job& job);
+  // Error(429 LimitError) when adding `layout` would pass max_schemas or max_schema_positions.
+  void check_schema_budget(const pml::Layout& layout) const;
   void run_delete(Job& job);
   void finish(Job& job, Response r, int batch_size, double run_start);
-  void publish(const std::string& name);                    // the schema's layout into the snapshot
+  // The schema's layout into the snapshot; false (nothing published) when `compile` was deleted
+  // meanwhile.
+  bool publish(const std::string& name, const Job* compile = nullptr);
   std::string cache_file(const pml::Schema& schema) const;  // "" without a cache_dir
   TokenCallback stream_to(Job& job);
 
   Engine& engine_;
   Metrics& metrics_;
+  const SchedulerOptions options_;
   const int max_batch_;
-  const std::string cache_dir_;
   std::unique_ptr<BatchSession> batch_;             // scheduler thread only
   std::map<BatchSession::RowId, Running> running_;  // its rows
   bool decoding_ = false;  // the batch has decoded a step since it was last empty
 
   mutable std::mutex mutex_;  // guards everything below
   std::condition_variable wake_;
-  std::deque<JobPtr> queue_;
+  std::deque<JobPtr> queue_;  // prompts, plain completions and deletes, for the batch thread
+  std::condition_variable compile_wake_;
+  std::deque<JobPtr> compiles_;  // waiting compiles, for the compile thread
+  JobPtr compiling_;             // the compile running now
   bool stopping_ = false;
   std::map<std::string, nlohmann::json> schemas_;  // name -> layout_json
   std::thread thread_;
+  std::thread compile_thread_;
 };
 
 }  // namespace promptcache::server

@@ -25,20 +25,18 @@ nlohmann::json error_json(const std::string& message, const std::string& type);
 // 400 for a bad request, 404 for an unknown schema, 500 for the server's own files and model.
 int error_status(const Error& e);
 
-// Sampling parameters from a request body, each checked for its type and range; unknown keys are
-// left to the caller. Error(kInvalidArgument) names the field ("'temperature' must be a number").
-// `max_tokens_key` is "max_new_tokens" (native) or "max_tokens" (OpenAI).
-SamplingParams sampling_from_json(const nlohmann::json& body, const std::string& max_tokens_key);
-// The body's "recompute" share (RequestOptions::recompute), a number in [0, 1]; nothing when it
-// is absent or null (the schema's default applies). Errors name the field as `name`.
-std::optional<double> recompute_from_json(const nlohmann::json& body, const std::string& name);
+// A size or budget limit a request ran into: 413 (too large) or 429 (too many at once). Its
+// JSON error names the limit ("limit": "max_queue") and the message says which flag raises it.
+struct LimitError : std::runtime_error {
+  LimitError(int status, std::string limit, const std::string& message)
+      : std::runtime_error(message), status(status), limit(std::move(limit)) {}
+  int status;
+  std::string limit;
+};
+nlohmann::json error_json(const LimitError& e);
 
 // JSON text for the wire: a token's text cut inside a UTF-8 character (or a model's invalid
 // bytes) becomes U+FFFD instead of an exception.
 std::string dump(const nlohmann::json& j);
-
-// Reads a JSON body; Error(kInvalidArgument) naming the position when it does not parse or is not
-// an object.
-nlohmann::json parse_body(const std::string& text);
 
 }  // namespace promptcache::server

@@ -24,7 +24,7 @@ server::JobPtr prompt_job(const std::string& xml, int max_new_tokens) {
 server::JobPtr plain_job(std::vector<TokenId> ids, int max_new_tokens) {
   auto job = std::make_shared<server::Job>();
   job->kind = server::Job::Kind::kPlain;
-  job->tokenize = [ids = std::move(ids)](const Engine&) { return ids; };
+  job->ids = std::move(ids);
   job->params.max_new_tokens = max_new_tokens;
   job->params.stop_at_eos = false;
   job->arrival_ms = now_ms();
@@ -61,8 +61,8 @@ TEST_CASE("scheduler: prompts decode together, at most max_batch rows, and join 
   auto ref = tiny_engine();
   ref->add_schema_string(docs_schema());
   server::Metrics metrics;
-  server::Scheduler scheduler(*engine, metrics, /*max_batch=*/12, "");
-  scheduler.add_schema_file(dir.file("docs.xml"), {});
+  server::Scheduler scheduler(*engine, metrics, server::SchedulerOptions{/*max_batch=*/12});
+  scheduler.add_schema(pml::parse_schema_file(dir.file("docs.xml")), {});
   // 16 good prompts and one naming a module that does not exist, all queued before the
   // scheduler starts, so which run together does not depend on timing.
   std::vector<server::JobPtr> jobs;
@@ -120,8 +120,8 @@ TEST_CASE("scheduler: plain completions join the batch beside prompts and count 
   auto ref = tiny_engine();
   ref->add_schema_string(docs_schema());
   server::Metrics metrics;
-  server::Scheduler scheduler(*engine, metrics, /*max_batch=*/3, "");
-  scheduler.add_schema_file(dir.file("docs.xml"), {});
+  server::Scheduler scheduler(*engine, metrics, server::SchedulerOptions{/*max_batch=*/3});
+  scheduler.add_schema(pml::parse_schema_file(dir.file("docs.xml")), {});
   const Tokenizer& tok = ref->tokenizer();
   // Queued before the scheduler starts: a long prompt first, then plain prompts (sharing a
   // beginning) mixed with short prompts, and one empty plain prompt. Three rows: the long

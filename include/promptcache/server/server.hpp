@@ -10,6 +10,8 @@
 // prompt requests waiting together run as one batch (Engine::generate_batch).
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -25,6 +27,18 @@ struct ServerOptions {
   std::string api_key;    // when set, every endpoint but /health wants "Authorization: Bearer KEY"
   std::string cache_dir;  // when set, compiled states are kept there (cache_file_name)
   std::string model_name = "promptcache";  // the "model" of OpenAI responses
+
+  // Files and sizes (docs/server.md, "Security"). Posted schemas read no src files unless
+  // schema_root is set: then only files inside it (its real path, symbolic links followed).
+  std::string schema_root;
+  bool allow_src_outside = false;  // add_schema_file: src may leave the schema file's folder
+  std::size_t max_body_bytes = std::size_t{4} << 20;  // larger bodies: 413
+  int max_json_depth = 64;                            // deeper JSON bodies: 400
+  // Budgets (0: none); over one a request gets 429 naming it.
+  std::size_t max_queue = 256;                      // requests waiting for the batch
+  std::size_t max_compiles = 2;                     // compiles waiting or running
+  std::size_t max_schemas = 64;                     // schemas registered
+  int64_t max_schema_positions = int64_t{1} << 20;  // their reserved positions, summed
 };
 
 class Server {
@@ -34,8 +48,9 @@ class Server {
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
-  // Compiles a schema file (src attributes relative to it) before serving; progress as
-  // Engine::add_schema reports it. Throws promptcache::Error.
+  // Compiles a schema file before serving (its src attributes name files inside its folder,
+  // anywhere with allow_src_outside); progress as Engine::add_schema reports it. Throws
+  // promptcache::Error.
   void add_schema_file(const std::string& path, const Engine::ProgressCallback& progress = {});
 
   // Binds host:port (Error(kIo) when it cannot) and returns the port.

@@ -1,0 +1,104 @@
+// The edge of `promptcache serve`: every request body becomes a typed, validated value here,
+// once, before any other code looks at it (docs/server.md, "Security").
+//
+// - JSON is parsed with a nesting bound (RequestLimits::max_json_depth): a body nested deeper is
+//   refused while it is read, before a tree of that depth exists, so nothing downstream (dumps,
+//   copies, error messages) recurses on client-chosen depth.
+// - Every field is checked for its type and range (numbers must be finite: 1e400 is a 400), lists
+//   and strings for their sizes, and unknown fields are refused with the list of known ones.
+// - `promptcache.modules` is walked with an explicit stack and a depth bound.
+// - A posted schema is parsed with the module src resolver the server was given (none by
+//   default: every src is refused) and its element nesting is bounded too.
+// Errors are promptcache::Error(kInvalidArgument / kSchema / kXmlSyntax / kPrompt) naming the
+// field, which the HTTP layer turns into a 4xx JSON body.
+//
+// No LibTorch and no HTTP library here: the fuzz targets (tests/fuzz) link this unit with the
+// PML headers and promptcache_core only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "promptcache/pml/prompt.hpp"
+#include "promptcache/pml/schema.hpp"
+#include "promptcache/pml/src_files.hpp"
+#include "promptcache/sampling.hpp"
+
+namespace promptcache::server {
+
+// What one request may hold. The defaults are far above what a real client sends and far below
+// what would cost the server memory or time; each is a `promptcache serve` flag or fixed here.
+struct RequestLimits {
+  std::size_t max_body_bytes = std::size_t{4} << 20;  // --max-body-bytes (the HTTP layer: 413)
+  int max_json_depth = 64;                            // --max-json-depth
+  int max_pml_depth = 64;                // element nesting of a posted schema or prompt
+  std::size_t max_messages = 4096;       // chat messages in one request
+  std::size_t max_content_parts = 4096;  // text parts of one message's content
+  std::size_t max_stop_strings = 16;
+  std::size_t max_stop_bytes = 1024;   // one stop string
+  std::size_t max_module_refs = 4096;  // promptcache.modules, nested ones included
+  int max_module_depth = 32;           // nesting of promptcache.modules
+  std::size_t max_arguments = 256;     // arguments of one module reference
+};
+
+// Parses a JSON object body. Error(kInvalidArgument): not JSON (with the position), nested deeper
+// than limits.max_json_depth, or not an object.
+nlohmann::json parse_json_body(std::string_view text, const RequestLimits& limits);
+
+// Sampling parameters from a request body, each checked for its type and range (finite numbers
+// only); unknown keys are left to the caller. `max_tokens_key` is "max_new_tokens" (native) or
+// "max_tokens"/"max_completion_tokens" (OpenAI).
+SamplingParams sampling_from_json(const nlohmann::json& body, const std::string& max_tokens_key,
+                                  const RequestLimits& limits = {});
+// The body's "recompute" share, a number in [0, 1]; nothing when absent or null. Errors name the
+// field as `name`.
+std::optional<double> recompute_from_json(const nlohmann::json& body, const std::string& name);
+
+// POST /v1/prompt: {"prompt": "<prompt schema=...>...</prompt>", "stream", "use_cache",
+// "recompute", and the sampling fields}.
+struct PromptRequest {
+  pml::Prompt prompt;
+  SamplingParams params;
+  bool stream = false;
+  bool use_cache = true;
+  std::optional<double> recompute;
+};
+PromptRequest parse_prompt_request(std::string_view body, const RequestLimits& limits);
+
+// POST /v1/chat/completions (chat) and /v1/completions: the OpenAI fields we take, plus the
+// "promptcache" field that selects modules:
+//   "promptcache": {"schema": "docs", "modules": ["doc-a", {"name": "focus",
+//                   "arguments": {"topic": "x"}, "modules": [...]}], "use_cache", "recompute"}
+struct CompletionRequest {
+  bool chat = true;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  SamplingParams params;
+  std::vector<pml::Turn> turns;  // the messages (chat) or the one prompt text
+  // With a "promptcache" field: the PML prompt (schema, modules; its turns are `turns`).
+  std::optional<pml::Prompt> prompt;
+  bool use_cache = true;
+  std::optional<double> recompute;
+};
+CompletionRequest parse_completion_request(std::string_view body, bool chat,
+                                           const RequestLimits& limits);
+
+// POST /v1/schemas: the schema's XML, sent as application/xml or as JSON {"xml": "..."}.
+// `content_type` is the request's media type (parameters such as charset ignored).
+std::string schema_xml_from_body(std::string_view body, std::string_view content_type,
+                                 const RequestLimits& limits);
+// Parses a posted schema: src attributes go through `files` only, and elements may nest at most
+// limits.max_pml_depth deep.
+pml::Schema parse_posted_schema(const std::string& xml, const pml::SrcResolver& files,
+                                const RequestLimits& limits);
+
+// The media type of a Content-Type value, lower-cased, without parameters and spaces:
+// "Application/JSON; charset=utf-8" -> "application/json".
+std::string media_type(std::string_view content_type);
+
+}  // namespace promptcache::server
