@@ -1179,7 +1179,7 @@ def origin_foreign(srv):
     for origin in ("http://evil.example", "null", "http://127.0.0.1.evil.example",
                    "http://localhost.evil.example:%d" % srv.port, "file://",
                    "https://127.0.0.1:%d" % srv.port + ".evil.example",
-                   "https://127.0.0.1:%d" % srv.port, "http://good.example.evil.example",
+                   "http://good.example.evil.example",
                    "http://good.example:8080"):
         for method, path, body, ctype in (
                 ("POST", "/v1/chat/completions", json.dumps(GOOD_CHAT), "application/json"),
@@ -1201,6 +1201,31 @@ def origin_foreign(srv):
                 fails.append("%s %s Origin %s: %s" % (method, path, origin, e))
     check(not fails, "; ".join(fails[:6]) + (" (+%d more)" % (len(fails) - 6)
                                              if len(fails) > 6 else ""))
+
+
+def origin_https_own_host(srv):
+    """spec31: the server's own origin is `http://` + Host; `https://` + Host is not it (the
+    stricter reading: nothing on this port speaks TLS)."""
+    resp = srv.post_json("/v1/chat/completions", GOOD_CHAT,
+                         headers={"Origin": "https://127.0.0.1:%d" % srv.port}, timeout=20)
+    expect_error(resp, status=403, etype="permission_error")
+
+
+def duplicate_guard_headers(srv):
+    """A Host or Origin header sent twice (one good, one foreign) is refused, either order."""
+    body = json.dumps(GOOD_CHAT).encode()
+    good_host = "Host: %s:%d" % (HOST, srv.port)
+    fails = []
+    for hdrs in ([good_host, "Host: evil.example"], ["Host: evil.example", good_host],
+                 [good_host, "Origin: %s" % srv.origin(), "Origin: http://evil.example"],
+                 [good_host, "Origin: http://evil.example", "Origin: %s" % srv.origin()]):
+        req = ("POST /v1/chat/completions HTTP/1.1\r\n%s\r\nContent-Type: application/json\r\n"
+               "Content-Length: %d\r\nConnection: close\r\n" % ("\r\n".join(hdrs), len(body))
+               ).encode() + extra_header_bytes(srv) + b"\r\n" + body
+        data = srv.raw(req, timeout=10)
+        if data[9:10] != b"4":
+            fails.append("%s: %s" % (hdrs, short(data, 120)))
+    check(not fails, "duplicated guard headers were not refused: " + "; ".join(fails))
 
 
 def origin_own_and_allowed(srv):
@@ -1634,6 +1659,8 @@ def main(argv):
         # browsers and names
         suite.run_case("origin_foreign_403", P, origin_foreign)
         suite.run_case("origin_allowed_cors_preflight", P, origin_own_and_allowed)
+        suite.run_case("origin_https_own_host_403", P, origin_https_own_host)
+        suite.run_case("duplicate_host_origin_headers", P, duplicate_guard_headers)
         suite.run_case("content_type_415", P, content_types)
         suite.run_case("host_header_403", P, hosts)
 
