@@ -265,6 +265,7 @@ void Server::Impl::post_prompt(const httplib::Request& req, httplib::Response& r
   job->prompt = std::move(request.prompt);
   job->use_cache = request.use_cache;
   job->recompute = request.recompute;
+  resolve_within_context(*engine, job->prompt, job->use_cache);  // errors before queueing
   const bool stream = request.stream;
   const bool use_cache = job->use_cache;
   Format f;
@@ -284,15 +285,7 @@ void Server::Impl::post_prompt(const httplib::Request& req, httplib::Response& r
 
 std::vector<TokenId> Server::Impl::plain_ids(const std::vector<pml::Turn>& turns) const {
   const int64_t limit = engine->model().config().max_position_embeddings;
-  for (const pml::Turn& turn : turns) {
-    // A text too heavy to be `limit` tokens is refused before it is tokenized.
-    if (pml::cannot_fit(turn.text, static_cast<std::size_t>(limit))) {
-      throw Error(
-          ErrorKind::kContextOverflow,
-          "the prompt is longer than the model's context of " + std::to_string(limit) + " tokens",
-          turn.where);
-    }
-  }
+  check_turns_fit(turns, limit);
   std::vector<TokenId> ids = encode_chat(engine->tokenizer(), engine->chat_template(), turns);
   if (ids.empty()) throw Error(ErrorKind::kPrompt, "the prompt has no tokens");
   if (static_cast<int64_t>(ids.size()) > limit) {
@@ -312,6 +305,7 @@ void Server::Impl::post_openai(const httplib::Request& req, httplib::Response& r
     job->prompt = std::move(*request.prompt);
     job->use_cache = request.use_cache;
     job->recompute = request.recompute;
+    resolve_within_context(*engine, job->prompt, job->use_cache);  // errors before queueing
   } else {
     // Tokenized and held to the context here, in the request's own thread: the scheduler gets
     // ids that fit.

@@ -146,8 +146,8 @@ std::vector<pml::Turn> chat_turns(const json& body, const RequestLimits& limits)
     } else if (role == "assistant") {
       turn.role = pml::ChatRole::kAssistant;
     } else {
-      throw bad(where + ".role " + preview(m["role"]) +
-                " is not supported (system, developer, user, assistant)");
+      throw bad(where + ".role '" + (role.size() > 40 ? role.substr(0, 40) + "..." : role) +
+                "' is not supported (system, developer, user, assistant)");
     }
     turn.text = pml::compact_whitespace(content_text(m["content"], where + ".content", limits));
     turn.where = request_at(where);

@@ -46,6 +46,32 @@ Event internal_error_event(const std::exception& e) {
 
 }  // namespace
 
+void check_turns_fit(const std::vector<pml::Turn>& turns, int64_t limit) {
+  for (const pml::Turn& turn : turns) {
+    if (pml::cannot_fit(turn.text, static_cast<std::size_t>(limit))) {
+      throw Error(ErrorKind::kContextOverflow,
+                  "the prompt's text is longer than the model's context of " +
+                      std::to_string(limit) + " tokens",
+                  turn.where);
+    }
+  }
+}
+
+pml::ResolvedPrompt resolve_within_context(const Engine& engine, const pml::Prompt& prompt,
+                                           bool use_cache) {
+  const int64_t limit = engine.model().config().max_position_embeddings;
+  check_turns_fit(prompt.turns, limit);
+  pml::ResolvedPrompt resolved = engine.resolve(prompt);
+  const std::size_t needed = use_cache ? resolved.next_position() : resolved.baseline.size();
+  if (static_cast<int64_t>(needed) > limit) {
+    throw Error(ErrorKind::kContextOverflow,
+                "the prompt needs positions up to " + std::to_string(needed - 1) +
+                    " but the model's context is " + std::to_string(limit),
+                resolved.where);
+  }
+  return resolved;
+}
+
 Scheduler::Scheduler(Engine& engine, Metrics& metrics, SchedulerOptions options)
     : engine_(engine),
       metrics_(metrics),
@@ -210,36 +236,29 @@ void Scheduler::loop() {
     }
     // Every prompt at the front of the queue that the batch has room for joins it now (before the
     // next decode step).
+    // A job stays in the queue until it is admitted (so --max-queue counts it while it waits).
     for (;;) {
       JobPtr job;
       {
         std::lock_guard<std::mutex> lock(mutex_);
         if (stopping_ || queue_.empty()) break;
         job = queue_.front();
-        queue_.pop_front();
       }
       bool admitted = true;
       try {
         // A delete is quick and safe beside running requests (they keep the schema's states).
         if (job->kind == Job::Kind::kDelete) {
           run_delete(*job);
-          continue;
+        } else {
+          admitted = admit(job);
         }
-        admitted = admit(job);
       } catch (const std::exception& e) {
         job->channel.push(internal_error_event(e));  // a bug or no memory
       }
-      if (!admitted) {  // no room until rows finish: it stays first in line
-        {
-          std::lock_guard<std::mutex> lock(mutex_);
-          if (!stopping_) {
-            queue_.push_front(std::move(job));
-            break;
-          }
-        }
-        job->channel.push(shutting_down_event());
-        break;
-      }
+      if (!admitted) break;  // no room until rows finish: it stays first in line
+      std::lock_guard<std::mutex> lock(mutex_);
+      // stop() may have taken the queue (and refused the job) meanwhile.
+      if (!queue_.empty() && queue_.front() == job) queue_.pop_front();
     }
     if (!batch_->empty()) step();
   }
@@ -311,14 +330,7 @@ void Scheduler::accept(Job& job) {
     }
     ev.prompt_tokens = static_cast<int64_t>(job.ids.size());
   } else {
-    const pml::ResolvedPrompt resolved = engine_.resolve(job.prompt);
-    const std::size_t needed = job.use_cache ? resolved.next_position() : resolved.baseline.size();
-    if (static_cast<int64_t>(needed) > limit) {
-      throw Error(ErrorKind::kContextOverflow,
-                  "the prompt needs positions up to " + std::to_string(needed - 1) +
-                      " but the model's context is " + std::to_string(limit),
-                  resolved.where);
-    }
+    const pml::ResolvedPrompt resolved = resolve_within_context(engine_, job.prompt, job.use_cache);
     ev.prompt_tokens = static_cast<int64_t>(resolved.baseline.size());
   }
   job.channel.push(std::move(ev));

@@ -132,9 +132,11 @@ TEST_CASE("errors: bad schemas", "[pml][errors]") {
       {"src and content",
        "<schema name=\"s\">\n  <module name=\"m\" src=\"f.txt\">M</module>\n</schema>",
        ErrorKind::kSchema, 2, "<module name=\"m\">"},
-      {"missing src file",
+      // A schema given as text reads no file (src_files.hpp); a missing file of a schema file is
+      // below.
+      {"src in a schema given as text",
        "<schema name=\"s\">\n  Text\n  <module name=\"doc\" src=\"no-such-file.txt\"/>\n</schema>",
-       ErrorKind::kIo, 3, "<module name=\"doc\">"},
+       ErrorKind::kSchema, 3, "<module name=\"doc\">"},
       {"schema nested in schema",
        "<schema name=\"s\">\n  <module name=\"m\">\n    <schema name=\"t\">x</schema>\n  "
        "</module>\n</schema>",
