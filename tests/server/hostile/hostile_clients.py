@@ -16,7 +16,27 @@ and chat completion answer 200. A server that died is restarted (and the case fa
 crash does not hide the rest.
 
 Prints `ok NAME` / `FAIL NAME: why` per case and `N passed, M failed` last; exits 1 if M > 0.
-Python 3 standard library only; loopback only; every loop bounded; every process killed at exit.
+Python 3 standard library only; loopback only; every loop bounded; every process killed at exit
+(and, through PR_SET_PDEATHSIG, when this script is killed).
+
+Where spec31 leaves room, the stricter reading is tested:
+- a DOCTYPE that declares entities is refused (4xx), also when the entity is only used in text
+  (the parser does not expand it, so accepting it would serve the literal "&p;");
+- numbers that underflow (1e-400) are out of range like 1e400 (400);
+- an absolute src that points inside --schema-root is refused (only relative paths resolve);
+- a missing, unreadable or non-regular src file (directory, FIFO, too long) is the client's
+  error (4xx), not a 500;
+- a POST without any Content-Type is a 415; `https://` + Host is not the server's own origin;
+- a 413 for a Content-Length over the limit comes before (without draining) the body;
+- an invalid-UTF-8 schema name is a 400;
+- slow_loris_70_over_http_threads: more slow-header connections than --http-threads (64) must
+  not starve a good client (the issue lists slow-loris headers; the spec names no header
+  deadline).
+
+Debugging this script against a build without some issue-31 flags:
+HOSTILE_STRIP_UNKNOWN_FLAGS=1 drops the flags `serve --help` does not list (--api-key-file
+becomes --api-key); the cases that need them then fail. `--only a,b` runs the cases whose name
+holds a or b; `--keep` keeps the work folder (server logs, canaries).
 """
 
 import http.client
