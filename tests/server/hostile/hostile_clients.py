@@ -372,7 +372,8 @@ class Suite:
         self.rooted.inside_root_allowed = True
         self.keyed = Server(self, "key", ["--api-key-file", self.keyfile], headers=key_hdr)
         self.budget = Server(self, "budget", ["--max-schemas", "2", "--max-body-bytes", "65536",
-                                              "--max-queue", "2", "--max-batch", "1"])
+                                              "--max-queue", "2", "--max-batch", "1",
+                                              "--max-schema-positions", "600"])
         self.servers = [self.plain, self.rooted, self.keyed, self.budget]
         if os.environ.get("HOSTILE_STRIP_UNKNOWN_FLAGS") == "1":
             # Only to debug this script against a build without the issue-31 flags: flags the
@@ -686,6 +687,28 @@ def schema_with_text_tricks(srv):
     check(st == 200 and b'src=\\"/etc/passwd\\"' in lay,
           "the CDATA text is not the module's text: %s %s" % (st, short(lay)))
     srv.request("DELETE", "/v1/schemas/h", timeout=10)
+
+
+def src_streamed_post(srv):
+    """The default (streamed) POST /v1/schemas refuses a src before any stream starts."""
+    srv.request("DELETE", "/v1/schemas/h", timeout=10)
+    for value in ("/etc/passwd", "../secret/canary.txt", "link.txt"):
+        resp = srv.post_xml(src_schema(value), stream=True, timeout=20)
+        expect_error(resp, words=["src"])
+
+
+def metrics_label_cardinality(srv):
+    """Unknown paths and schema names do not grow /metrics (one label each, not one per path)."""
+    st, _, before = srv.request("GET", "/metrics", timeout=10)
+    check(st == 200, "GET /metrics: %s" % st)
+    for i in range(300):
+        srv.request("GET", "/nowhere-%d-%s" % (i, "x" * 50), timeout=10)
+        if i % 3 == 0:
+            srv.request("GET", "/v1/schemas/nope-%d" % i, timeout=10)
+    st, _, after = srv.request("GET", "/metrics", timeout=10)
+    check(b"nowhere-" not in after and b"nope-" not in after, "paths became labels")
+    check(len(after) < len(before) + 4096, "/metrics grew from %d to %d bytes" %
+          (len(before), len(after)))
 
 
 def schema_name_traversal(srv):
@@ -1453,6 +1476,19 @@ def max_schemas(srv):
             srv.request("DELETE", "/v1/schemas/" + n, timeout=10)
 
 
+def max_schema_positions(srv):
+    """--max-schema-positions 600: a schema of about 900 positions is a 429 naming the limit."""
+    text = " ".join("word%d" % (i % 97) for i in range(300))
+    resp = srv.post_xml('<schema name="hpos"><module name="m">%s</module></schema>' % text,
+                        timeout=30)
+    if resp[0] == 200:
+        srv.request("DELETE", "/v1/schemas/hpos", timeout=10)
+    j = expect_error(resp, status=429, limit="max_schema_positions",
+                     words=["--max-schema-positions"])
+    st, _, _ = srv.request("GET", "/v1/schemas/hpos", timeout=10)
+    check(st == 404, "the refused schema is registered: %s" % st)
+
+
 def max_queue(srv):
     """--max-batch 1 --max-queue 2: one long generation runs, two wait, the rest are refused."""
     results = [None] * 14
@@ -1663,6 +1699,9 @@ def main(argv):
         suite.run_case("schema_comment_cdata_text", P, schema_with_text_tricks)
         suite.run_case("root_schema_comment_cdata_text", R, schema_with_text_tricks)
         suite.run_case("schema_name_traversal", P, schema_name_traversal)
+        suite.run_case("src_streamed_post", P, src_streamed_post)
+        suite.run_case("root_src_streamed_post", R, src_streamed_post)
+        suite.run_case("metrics_label_cardinality", P, metrics_label_cardinality)
         suite.run_case("prompt_src", P, prompt_src)
         suite.run_case("root_prompt_src", R, prompt_src)
 
@@ -1697,6 +1736,7 @@ def main(argv):
 
         # budgets and cancellation
         suite.run_case("max_schemas_429", B, max_schemas)
+        suite.run_case("max_schema_positions_429", B, max_schema_positions)
         suite.run_case("max_queue_429", B, max_queue)
         suite.run_case("cancel_compile_on_disconnect", P, cancel_on_disconnect(suite))
         suite.run_case("delete_while_compiling", P, delete_while_compiling(suite))
