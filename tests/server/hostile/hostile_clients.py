@@ -1432,15 +1432,6 @@ def keys(suite):
     return case
 
 
-def key_never_echoed(suite):
-    def case(srv):
-        with srv.seen_lock:
-            bodies = list(srv.seen)
-        for b in bodies:
-            check(suite.api_key.encode() not in b, "a response holds the API key: %s" % short(b))
-    return case
-
-
 # ---------------------------------------------------------------------------------------------
 # Cases: budgets and cancellation
 
