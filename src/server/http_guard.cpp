@@ -210,9 +210,10 @@ GuardOptions make_guard_options(const std::string& bound_host,
   }
   for (char c : api_key) {
     if (c <= 0x20 || c >= 0x7f) {
-      throw Error(ErrorKind::kInvalidArgument,
-                  "--api-key / --api-key-file: the key must be printable ASCII without spaces (it is "
-                  "sent in an HTTP header)");
+      throw Error(
+          ErrorKind::kInvalidArgument,
+          "--api-key / --api-key-file: the key must be printable ASCII without spaces (it is "
+          "sent in an HTTP header)");
     }
   }
   g.api_key = api_key;
@@ -250,8 +251,12 @@ bool origin_allowed(const GuardOptions& g, std::string_view origin,
   return false;
 }
 
+std::string media_type(std::string_view content_type) {
+  return lowered(trim(content_type.substr(0, content_type.find(';'))));
+}
+
 bool content_type_allowed(std::string_view content_type, bool xml_too) {
-  const std::string media = lowered(trim(content_type.substr(0, content_type.find(';'))));
+  const std::string media = media_type(content_type);
   return media == "application/json" || (xml_too && media == "application/xml");
 }
 

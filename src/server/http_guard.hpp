@@ -69,8 +69,11 @@ bool host_allowed(const GuardOptions& g, const std::optional<std::string>& host)
 bool origin_allowed(const GuardOptions& g, std::string_view origin,
                     const std::optional<std::string>& host);
 
-// The media type of a Content-Type value (before any ';', trimmed, lower-cased) is
-// application/json, or application/xml when `xml_too`.
+// The media type of a Content-Type value: before any ';' (parameters such as charset), trimmed,
+// lower-cased ("Application/JSON; charset=utf-8" -> "application/json").
+std::string media_type(std::string_view content_type);
+
+// media_type(content_type) is application/json, or application/xml when `xml_too`.
 bool content_type_allowed(std::string_view content_type, bool xml_too);
 
 // Constant-time comparison: its running time depends on the length of `presented` only, never on

@@ -217,6 +217,9 @@ TEST_CASE("http_guard: malformed option entries are refused at start", "[server]
 }
 
 TEST_CASE("http_guard: POST content types", "[server][guard]") {
+  CHECK(media_type("Application/JSON; charset=UTF-8") == "application/json");
+  CHECK(media_type(" application/xml ") == "application/xml");
+  CHECK(media_type("") == "");
   for (const char* ok :
        {"application/json", "Application/JSON", "application/json; charset=utf-8",
         "application/json;charset=UTF-8", " application/json ", "application/json ; foo=bar"}) {
