@@ -87,8 +87,9 @@ Command register_serve(CLI::App& root) {
       ->capture_default_str()
       ->check(whole_number(1, 4096));
   app->add_option("--api-key", o->api_key,
-                  "require 'Authorization: Bearer KEY' on every endpoint but /health "
-                  "(default: $PROMPTCACHE_API_KEY)")
+                  "require 'Authorization: Bearer KEY' or 'X-API-Key: KEY' on every endpoint "
+                  "but /health and the page at / (default: $PROMPTCACHE_API_KEY; shows in `ps`: "
+                  "prefer --api-key-file)")
       ->envname("PROMPTCACHE_API_KEY");
   // Browsers and names, key hygiene (docs/server.md "Browsers, hosts and keys").
   app->add_option("--api-key-file", o->api_key_file,
