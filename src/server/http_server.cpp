@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "chat_encoding.hpp"
+#include "http_guard.hpp"
 #include "openai.hpp"
 #include "promptcache/server/server.hpp"
 #include "request.hpp"
@@ -121,7 +122,6 @@ struct Server::Impl {
   std::atomic<uint64_t> next_id{1};
 
   void routes();
-  bool authorized(const httplib::Request& req) const;
   void reply(const JobPtr& job, bool stream, Format format, httplib::Response& res);
   void post_schema(const httplib::Request& req, httplib::Response& res);
   void post_prompt(const httplib::Request& req, httplib::Response& res);
@@ -134,14 +134,30 @@ struct Server::Impl {
   }
 };
 
-bool Server::Impl::authorized(const httplib::Request& req) const {
-  if (options.api_key.empty() || req.path == "/health") return true;
-  const std::string header = req.get_header_value("Authorization");
-  if (header == "Bearer " + options.api_key) return true;
-  if (req.get_header_value("X-API-Key") == options.api_key) return true;
-  // The playground page is opened by a browser, which cannot add a header: /?api_key=KEY.
-  return req.path == "/" && req.get_param_value("api_key") == options.api_key;
+namespace {
+
+// The headers the guard reads (http_guard.hpp); a header sent more than once is joined with
+// ", ", which no rule accepts.
+GuardRequest guard_request(const httplib::Request& req) {
+  GuardRequest g;
+  g.method = req.method;
+  g.path = req.path;
+  const auto header = [&req](const char* name) -> std::optional<std::string> {
+    const std::size_t n = req.get_header_value_count(name);
+    if (n == 0) return std::nullopt;
+    std::string value = req.get_header_value(name, 0);
+    for (std::size_t i = 1; i < n; ++i) value += ", " + req.get_header_value(name, i);
+    return value;
+  };
+  g.host = header("Host");
+  g.origin = header("Origin");
+  g.content_type = header("Content-Type");
+  g.authorization = header("Authorization");
+  g.x_api_key = header("X-API-Key");
+  return g;
 }
+
+}  // namespace
 
 void Server::Impl::reply(const JobPtr& job, bool stream, Format format, httplib::Response& res) {
   job->arrival_ms = now_ms();
@@ -353,12 +369,38 @@ void Server::Impl::routes() {
   http.set_read_timeout(std::chrono::seconds(10));
   http.set_write_timeout(std::chrono::seconds(30));
   http.set_keep_alive_timeout(5);
-  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
-    res.set_header("WWW-Authenticate", "Bearer");
-    send_json(res, 401,
-              error_json("a valid API key is required: send \"Authorization: Bearer KEY\"",
-                         "authentication_error"));
+  // Host, Origin, the API key and the POST content type, checked on the headers before the
+  // body is read (http_guard.hpp).
+  const auto guard = std::make_shared<const GuardOptions>(make_guard_options(
+      options.host, options.allowed_origins, options.allowed_hosts, options.api_key));
+  http.set_pre_routing_handler([guard](const httplib::Request& req, httplib::Response& res) {
+    const GuardDecision d = check_request(*guard, guard_request(req));
+    for (const auto& [name, value] : d.headers) res.set_header(name, value);
+    if (d.status == 0) return httplib::Server::HandlerResponse::Unhandled;
+    if (d.status < 400) {
+      res.status = d.status;  // a preflight's 204
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    res.status = d.status;
+    const auto body =
+        std::make_shared<const std::string>(dump(error_json(d.message, d.error_type)));
+    const bool unread_body =
+        req.has_header("Transfer-Encoding") ||
+        (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
+    if (!unread_body) {
+      res.set_content(*body, "application/json");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    // The refused request's body is not read. Were the connection kept, httplib would read that
+    // body as the next request: a page could send a request inside a text/plain body past the
+    // Origin check. A content provider that reports failure once it wrote the whole answer makes
+    // httplib close the connection after the answer.
+    res.set_header("Connection", "close");
+    res.set_content_provider(body->size(), "application/json",
+                             [body](size_t offset, size_t length, httplib::DataSink& sink) {
+                               sink.write(body->data() + offset, length);
+                               return false;
+                             });
     return httplib::Server::HandlerResponse::Handled;
   });
   http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {

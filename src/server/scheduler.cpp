@@ -275,14 +275,20 @@ void Scheduler::compile_loop() {
       compiles_.pop_front();
       compiling_ = job;
     }
+    Event last;
     try {
-      run_compile(*job);
+      last = run_compile(*job);
     } catch (const std::exception& e) {
       // run_compile reports its own errors; this is what escaped it (a bug or no memory).
-      job->channel.push(internal_error_event(e));
+      last = internal_error_event(e);
     }
-    std::lock_guard<std::mutex> lock(mutex_);
-    compiling_ = nullptr;
+    {
+      // Done before its client hears of it: a client that posts its next schema at once finds
+      // no compile running.
+      std::lock_guard<std::mutex> lock(mutex_);
+      compiling_ = nullptr;
+    }
+    job->channel.push(std::move(last));
   }
 }
 
@@ -387,7 +393,7 @@ void Scheduler::step() {
   }
 }
 
-void Scheduler::run_compile(Job& job) {
+Event Scheduler::run_compile(Job& job) {
   const std::string& name = job.schema.name;
   // The compile stops at its next forward once its client is gone, its schema was deleted
   // (run_delete sets `cancelled`) or the server stops.
@@ -427,10 +433,10 @@ void Scheduler::run_compile(Job& job) {
     Event done;
     done.type = Event::Type::kDone;
     done.body = *schema(name);
-    job.channel.push(std::move(done));
+    return done;
   } catch (const LimitError& e) {
     metrics_.count_refused(e.limit);
-    job.channel.push(limit_event(e));
+    return limit_event(e);
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::kCancelled) metrics_.count_cancelled();
     // The list shows what the engine serves: a schema compiled but not saved (disk full) is
@@ -441,7 +447,7 @@ void Scheduler::run_compile(Job& job) {
       std::lock_guard<std::mutex> lock(mutex_);
       schemas_.erase(name);
     }
-    job.channel.push(error_event(e));
+    return error_event(e);
   }
 }
 

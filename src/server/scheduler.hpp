@@ -87,7 +87,8 @@ class Scheduler {
   void accept(Job& job);
   void step();
   void compile_loop();
-  void run_compile(Job& job);
+  // Compiles; returns the job's last event (kDone or kError) for compile_loop to send.
+  Event run_compile(Job& job);
   // Error(429 LimitError) when adding `layout` would pass max_schemas or max_schema_positions.
   void check_schema_budget(const pml::Layout& layout) const;
   void run_delete(Job& job);

@@ -316,6 +316,25 @@ PY
       expect_in "Example" "$work/h"
     done
     ;;
+  src_outside)
+    # A schema file reads src files inside its folder; one leading out is refused (naming the
+    # flag) unless --allow-src-outside is given.
+    tiny
+    mkdir -p "$work/s" "$work/elsewhere"
+    echo "The secret text lives elsewhere." >"$work/elsewhere/doc.txt"
+    ln -s "$work/elsewhere/doc.txt" "$work/s/link.txt"
+    for src in "../elsewhere/doc.txt" "$work/elsewhere/doc.txt" "link.txt"; do
+      printf '<schema name="o"><module name="d" src="%s"/></schema>\n' "$src" >"$work/s/o.xml"
+      "$pc" layout "$work/s/o.xml" --model "$work/tiny" >"$work/o" 2>"$work/e"; rc=$?
+      [ $rc -eq 1 ] || fail "src=$src: exit $rc, want 1"
+      expect_in "o.xml:1:" "$work/e"
+      expect_in "--allow-src-outside" "$work/e"
+      grep -q "secret text" "$work/o" "$work/e" && fail "src=$src: the file was read"
+      "$pc" layout "$work/s/o.xml" --model "$work/tiny" --allow-src-outside >"$work/o" 2>"$work/e" ||
+        fail "src=$src with --allow-src-outside: $(cat "$work/e")"
+      expect_in "secret text" "$work/o"
+    done
+    ;;
   demo)
     "$pc" demo -n 6 >"$work/out.txt" 2>"$work/err" || fail "demo: $(cat "$work/err")"
     expect_in "TTFT with cache" "$work/out.txt"
