@@ -5,6 +5,7 @@
 #include <chrono>
 #include <csignal>
 #include <filesystem>
+#include <optional>
 
 #include "chat_encoding.hpp"
 #include "http_guard.hpp"
@@ -99,6 +100,33 @@ RequestLimits request_limits(const ServerOptions& o) {
   limits.max_body_bytes = o.max_body_bytes;
   limits.max_json_depth = o.max_json_depth;
   return limits;
+}
+
+// A body the server will not read: chunked (411: its size is unknown until it has been read) or
+// announced larger than max_body_bytes (413), or a Content-Length that is no number (400).
+static std::optional<LimitError> body_size_refusal(const httplib::Request& req,
+                                                   std::size_t max_bytes) {
+  if (req.has_header("Transfer-Encoding")) {
+    return LimitError(411, "",
+                      "request bodies must be sent with a Content-Length (chunked bodies are not "
+                      "accepted: their size is unknown until they have been read)");
+  }
+  if (!req.has_header("Content-Length")) return std::nullopt;
+  const std::string value = req.get_header_value("Content-Length");
+  std::size_t length = 0;
+  bool number = !value.empty() && value.size() <= 19;
+  for (const char c : value) {
+    number = number && c >= '0' && c <= '9';
+    if (number) length = length * 10 + static_cast<std::size_t>(c - '0');
+  }
+  if (!number) return LimitError(400, "", "the Content-Length header is not a number");
+  if (length > max_bytes) {
+    return LimitError(413, "max_body_bytes",
+                      "the request body is " + std::to_string(length) + " bytes, more than the " +
+                          std::to_string(max_bytes) +
+                          " the server takes (start it with --max-body-bytes N to allow more)");
+  }
+  return std::nullopt;
 }
 
 struct Server::Impl {
@@ -373,17 +401,28 @@ void Server::Impl::routes() {
   // body is read (http_guard.hpp).
   const auto guard = std::make_shared<const GuardOptions>(make_guard_options(
       options.host, options.allowed_origins, options.allowed_hosts, options.api_key));
-  http.set_pre_routing_handler([guard](const httplib::Request& req, httplib::Response& res) {
+  http.set_pre_routing_handler([this, guard](const httplib::Request& req, httplib::Response& res) {
     const GuardDecision d = check_request(*guard, guard_request(req));
     for (const auto& [name, value] : d.headers) res.set_header(name, value);
-    if (d.status == 0) return httplib::Server::HandlerResponse::Unhandled;
-    if (d.status < 400) {
+    if (d.status > 0 && d.status < 400) {
       res.status = d.status;  // a preflight's 204
       return httplib::Server::HandlerResponse::Handled;
     }
-    res.status = d.status;
-    const auto body =
-        std::make_shared<const std::string>(dump(error_json(d.message, d.error_type)));
+    json error;
+    if (d.status >= 400) {
+      res.status = d.status;
+      error = error_json(d.message, d.error_type);
+    } else if (const std::optional<LimitError> too_large =
+                   body_size_refusal(req, options.max_body_bytes)) {
+      // Before the body is read: cpp-httplib would read a chunked body of any size, and drain
+      // an announced one before its own 413.
+      res.status = too_large->status;
+      error = error_json(*too_large);
+      if (!too_large->limit.empty()) metrics.count_refused(too_large->limit);
+    } else {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    const auto body = std::make_shared<const std::string>(dump(error));
     const bool unread_body =
         req.has_header("Transfer-Encoding") ||
         (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
@@ -404,7 +443,7 @@ void Server::Impl::routes() {
     return httplib::Server::HandlerResponse::Handled;
   });
   http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (res.status == 413 && res.body.empty()) {
+    if (res.status == 413 && res.body.empty() && !res.content_provider_) {
       metrics.count_refused("max_body_bytes");
       send_json(res, 413,
                 error_json(LimitError(413, "max_body_bytes",
