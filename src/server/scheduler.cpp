@@ -332,10 +332,17 @@ void Scheduler::run_compile(Job& job) {
     done.body = *schema(name);
     job.channel.push(std::move(done));
   } catch (const Error& e) {
-    // A schema that failed to compile is gone from the engine; its old view goes too.
+    // A schema that failed to compile is gone from the engine; its old view goes too. One the
+    // engine holds (added but not saved: a full disk; or the old version, kept) is listed as the
+    // engine serves it: never served but unlisted.
     if (!engine_.has_schema(name)) {
       std::lock_guard<std::mutex> lock(mutex_);
       schemas_.erase(name);
+    } else {
+      try {
+        publish(name);
+      } catch (const Error&) {  // removed meanwhile
+      }
     }
     job.channel.push(error_event(e));
   }
