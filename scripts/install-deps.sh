@@ -5,8 +5,8 @@
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config ccache libtorch-dev libopenblas0-pthread libpugixml-dev
       libfmt-dev catch2 libsentencepiece-dev sentencepiece nlohmann-json3-dev libcli11-dev python3
-      libpcre2-dev libutf8proc-dev libxxhash-dev libcpp-httplib-dev libhiredis-dev redis-server
-      chromium)
+      libpcre2-dev libutf8proc-dev libxxhash-dev libcpp-httplib-dev libhiredis-dev libssl-dev
+      redis-server chromium)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -439,13 +439,17 @@ Event Scheduler::run_compile(Job& job) {
     return limit_event(e);
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::kCancelled) metrics_.count_cancelled();
-    // The list shows what the engine serves: a schema compiled but not saved (disk full) is
-    // served, so its new layout is listed; one that failed keeps its old version, if any.
-    if (engine_.has_schema(name) && !job.deleted) {
-      publish(name);
-    } else {
+    // A schema that failed to compile is gone from the engine; its old view goes too. One the
+    // engine holds (added but not saved: a full disk; or the old version, kept) is listed as the
+    // engine serves it: never served but unlisted.
+    if (!engine_.has_schema(name) || job.deleted) {
       std::lock_guard<std::mutex> lock(mutex_);
       schemas_.erase(name);
+    } else {
+      try {
+        publish(name);
+      } catch (const Error&) {  // removed meanwhile
+      }
     }
     return error_event(e);
   }

@@ -17,4 +17,5 @@ if(NOT TARGET promptcache_fuzz_pml)
     target_compile_options(promptcache_fuzz_${kind} PRIVATE -Wall -Wextra)
   endforeach()
 endif()
-set(PROMPTCACHE_FUZZ_TARGETS schema prompt tokenizer_json sentencepiece safetensors cache_file)
+set(PROMPTCACHE_FUZZ_TARGETS schema prompt tokenizer_json sentencepiece safetensors cache_file
+    redis_value)
