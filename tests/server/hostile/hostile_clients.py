@@ -22,16 +22,19 @@ Python 3 standard library only; loopback only; every loop bounded; every process
 Where spec31 leaves room, the stricter reading is tested:
 - a DOCTYPE that declares entities is refused (4xx), also when the entity is only used in text
   (the parser does not expand it, so accepting it would serve the literal "&p;");
-- numbers that underflow (1e-400) are out of range like 1e400 (400);
+- numbers that overflow (1e400) are a 400; ones that underflow (1e-400) are 0 and accepted;
 - an absolute src that points inside --schema-root is refused (only relative paths resolve);
 - a missing, unreadable or non-regular src file (directory, FIFO, too long) is the client's
   error (4xx), not a 500;
-- a POST without any Content-Type is a 415; `https://` + Host is not the server's own origin;
-- a 413 for a Content-Length over the limit comes before (without draining) the body;
+- a POST without any Content-Type is a 415; `https://` + Host is the server's own origin too
+  (a TLS proxy that keeps Host), `https://` + another host is not;
+- a 413 for a Content-Length over the limit comes before (without draining) the body, and a
+  chunked body gets 411 (Length Required) before any of it is read;
 - an invalid-UTF-8 schema name is a 400;
-- slow_loris_70_over_http_threads: more slow-header connections than --http-threads (64) must
-  not starve a good client (the issue lists slow-loris headers; the spec names no header
-  deadline).
+- slow-loris: fewer slow-header connections than --http-threads must not starve a good client;
+  more of them hold every connection thread while they drip (cpp-httplib has no header
+  deadline; docs/server.md says to put a proxy with header timeouts in front), and the server
+  must answer at once when they are gone.
 
 Debugging this script against a build without some issue-31 flags:
 HOSTILE_STRIP_UNKNOWN_FLAGS=1 drops the flags `serve --help` does not list (--api-key-file
@@ -799,16 +802,16 @@ def sizes_cases(suite):
     out = [(n, json_case(p, b, w)) for n, p, b, w in cases]
 
     def numbers(srv):
-        bad = [("temperature", "1e400"), ("temperature", "-1e400"), ("temperature", "1e-400"),
-               ("top_p", "1e-400"), ("top_p", "1e400"), ("max_tokens", "1e400"),
+        # 1e-400 underflows to 0, a valid value (checked below); 1e400 overflows.
+        bad = [("temperature", "1e400"), ("temperature", "-1e400"),
+               ("top_p", "1e400"), ("max_tokens", "1e400"),
                ("seed", "-1e400"), ("seed", "1e400"), ("top_k", "1e400"),
                ("temperature", '"NaN"'), ("temperature", '"nan"'), ("temperature", '"Infinity"'),
                ("temperature", '"-inf"'), ("temperature", "NaN"), ("temperature", "Infinity"),
                ("temperature", "-Infinity"), ("max_tokens", "18446744073709551616"),
                ("max_tokens", "9223372036854775808"), ("max_tokens", "1" + "0" * 30),
                ("max_tokens", "-1"), ("max_tokens", "2.5"), ("seed", "1" + "0" * 400),
-               ("temperature", "1" + "0" * 400), ("temperature", "0." + "0" * 100000 + "1"),
-               ("max_tokens", "0" * 100000 + "1")]
+               ("temperature", "1" + "0" * 400), ("max_tokens", "0" * 100000 + "1")]
         fails = []
         for field, value in bad:
             body = '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "%s": %s}' \
@@ -820,7 +823,7 @@ def sizes_cases(suite):
             except CaseFailure as e:
                 fails.append("%s=%s: %s" % (field, short(value, 30), e))
         for field, value in [("temperature", "1e400"), ("max_new_tokens", "1e400"),
-                             ("recompute", "1e-400"), ("recompute", "NaN"),
+                             ("recompute", "NaN"),
                              ("max_new_tokens", "18446744073709551616")]:
             body = ('{"prompt": "<prompt schema=\\"hgood\\"><m/><user>hi</user></prompt>", '
                     '"max_new_tokens": 2, "%s": %s}' % (field, value))
@@ -831,6 +834,16 @@ def sizes_cases(suite):
                 expect_error(srv.post_json("/v1/prompt", body, timeout=30), status=400)
             except CaseFailure as e:
                 fails.append("/v1/prompt %s=%s: %s" % (field, value, e))
+        # Underflow is no overflow: these are 0 (greedy; top_p 0 keeps the top token), a
+        # valid value, answered.
+        for field, value in [("temperature", "1e-400"), ("top_p", "1e-400"),
+                             ("temperature", "0." + "0" * 100000 + "1")]:
+            body = '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "%s": %s}' \
+                % (field, value)
+            code, _, answer = srv.post_json("/v1/chat/completions", body, timeout=30)
+            if code != 200:
+                fails.append("%s=%s (underflows to 0): status %s %s" %
+                             (field, short(value, 30), code, short(answer)))
         check(not fails, "; ".join(fails))
     out.append(("numbers_out_of_range", numbers))
 
@@ -1013,10 +1026,13 @@ def budget_body_cases(suite):
         srv.record(data)
         check(sent_mb < 16, "the server read %d MB of a chunked body on --max-body-bytes 65536 "
               "(answer: %s)" % (sent_mb, short(data, 200)))
-        check(data[9:12] == b"413", "a chunked body over the 64 KB limit: %s" % short(data))
+        # The server takes no chunked body at all (its size is unknown until it has been read):
+        # 411 Length Required, before a byte of it is read.
+        check(data[9:12] == b"411", "a chunked body: %s" % short(data))
         j = parse_json(data.split(b"\r\n\r\n", 1)[-1].strip())
-        check(isinstance(j, dict) and j.get("error", {}).get("limit") == "max_body_bytes",
-              "the 413 for a chunked body has no JSON error naming max_body_bytes: %s" %
+        check(isinstance(j, dict) and "content-length" in
+              str(j.get("error", {}).get("message", "")).lower(),
+              "the 411 for a chunked body has no JSON error naming Content-Length: %s" %
               short(data))
     out.append(("chunked_body_over_limit", chunked_over))
     return out
@@ -1041,7 +1057,11 @@ def good_client_answers(srv, within=5.0):
     return True, ""
 
 
-def slow_loris(n, seconds):
+def slow_loris(n, seconds, served_meanwhile=True):
+    """n connections send a header byte a second. Fewer than --http-threads: a good client is
+    answered meanwhile. More (served_meanwhile=False): each holds a connection thread while it
+    drips (cpp-httplib has no header deadline: docs/server.md, "Security", says to put a proxy
+    with header timeouts in front), and once they are gone the server answers at once."""
     def case(srv):
         socks = []
         try:
@@ -1068,11 +1088,21 @@ def slow_loris(n, seconds):
             th = threading.Thread(target=drip, daemon=True)
             th.start()
             time.sleep(min(3, seconds))
-            for _ in range(max(1, seconds // 3)):
-                results.append(good_client_answers(srv, within=5.0))
-                time.sleep(1)
+            if served_meanwhile:
+                for _ in range(max(1, seconds // 3)):
+                    results.append(good_client_answers(srv, within=5.0))
+                    time.sleep(1)
+            else:
+                time.sleep(seconds)
             stop.set()
             th.join(timeout=5)
+            if not served_meanwhile:
+                for s in socks:
+                    try:
+                        s.close()
+                    except OSError:
+                        pass
+                results.append(good_client_answers(srv, within=5.0))
             bad = [w for ok, w in results if not ok]
             check(not bad, "%d slow-loris connections: the good client was not answered: %s" %
                   (n, "; ".join(bad[:3])))
@@ -1252,10 +1282,15 @@ def origin_foreign(srv):
 
 
 def origin_https_own_host(srv):
-    """spec31: the server's own origin is `http://` + Host; `https://` + Host is not it (the
-    stricter reading: nothing on this port speaks TLS)."""
+    """`https://` + Host counts as the server's own origin too (docs/server.md, "Browsers, hosts
+    and keys": the playground behind a TLS proxy that keeps Host); `https://` + another host is
+    foreign."""
+    code, _, body = srv.post_json("/v1/chat/completions", GOOD_CHAT,
+                                  headers={"Origin": "https://127.0.0.1:%d" % srv.port},
+                                  timeout=20)
+    check(code == 200, "https:// + the server's own Host: status %s %s" % (code, short(body)))
     resp = srv.post_json("/v1/chat/completions", GOOD_CHAT,
-                         headers={"Origin": "https://127.0.0.1:%d" % srv.port}, timeout=20)
+                         headers={"Origin": "https://evil.example:%d" % srv.port}, timeout=20)
     expect_error(resp, status=403, etype="permission_error")
 
 
@@ -1714,7 +1749,7 @@ def main(argv):
         # browsers and names
         suite.run_case("origin_foreign_403", P, origin_foreign)
         suite.run_case("origin_allowed_cors_preflight", P, origin_own_and_allowed)
-        suite.run_case("origin_https_own_host_403", P, origin_https_own_host)
+        suite.run_case("origin_https_own_host", P, origin_https_own_host)
         suite.run_case("duplicate_host_origin_headers", P, duplicate_guard_headers)
         suite.run_case("content_type_415", P, content_types)
         suite.run_case("host_header_403", P, hosts)
@@ -1734,7 +1769,8 @@ def main(argv):
         suite.run_case("max_compiles_429", P, max_compiles(suite))
 
         # the real slow-loris: more slow connections than --http-threads (64)
-        suite.run_case("slow_loris_70_over_http_threads", P, slow_loris(70, 10))
+        suite.run_case("slow_loris_70_over_http_threads_recovers", P,
+                       slow_loris(70, 10, served_meanwhile=False))
     finally:
         suite.cleanup()
     failed = [n for n, why in suite.results if why]
