@@ -4,14 +4,16 @@
 #
 #   scripts/sanitize.sh asan   AddressSanitizer + UBSan (PROMPTCACHE_SANITIZE) into build-asan:
 #                              the fast suite (scripts/test.sh runs this after the normal suite)
-#   scripts/sanitize.sh tsan   ThreadSanitizer (PROMPTCACHE_TSAN) into build-tsan: the concurrency
-#                              stress test (tests/contracts/test_concurrency.cpp)
+#   scripts/sanitize.sh tsan   ThreadSanitizer (PROMPTCACHE_TSAN) into build-tsan: the server's
+#                              tests (tests/server) and the concurrency stress test
+#                              (tests/contracts/test_concurrency.cpp); scripts/test.sh runs this
+#                              after the ASan pass
 #
 # The fast suite is every Catch2 test of the library suites below except those that read the
 # real stories260K model: tokenizer, PML, cache, engine, batch, contracts, the bad-input
-# catalogue, the kernels and fidelity with recompute. CLI scripts, examples and the fuzz replays
-# stay in the normal pass. Environment: BUILD_DIR (build-asan / build-tsan), JOBS (build jobs,
-# 2), NICE (10).
+# catalogue, the kernels, fidelity with recompute and the server (tests/server, in process over a
+# tiny model). CLI scripts, examples and the fuzz replays stay in the normal pass. Environment:
+# BUILD_DIR (build-asan / build-tsan), JOBS (build jobs, 2), NICE (10).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
@@ -32,10 +34,10 @@ case "$mode" in
   asan)
     build=${BUILD_DIR:-build-asan}
     targets=(pml_tests bpe_tests cache_tests contract_tests bad_input_tests model_tests
-      fidelity_tests)
+      fidelity_tests server_tests)
     # Suite prefixes of the CTest names ("cache_tests:..."); the stories260K tests read the real
     # model and are slow under ASan.
-    include='^(pml_tests|bpe_tests|cache_tests|contract_tests|bad_input_tests|model_tests|fidelity_tests):'
+    include='^(pml_tests|bpe_tests|cache_tests|contract_tests|bad_input_tests|model_tests|fidelity_tests|server_tests):'
     exclude='stories260k|stories260K'
     flags=(-DPROMPTCACHE_SANITIZE=ON)
     # LibTorch's and OpenBLAS's allocations live until exit; a leak report at exit is theirs.
@@ -44,8 +46,8 @@ case "$mode" in
     ;;
   tsan)
     build=${BUILD_DIR:-build-tsan}
-    targets=(contract_tests)
-    include='^contract_tests:concurrency'
+    targets=(contract_tests server_tests)
+    include='^(contract_tests: concurrency|server_tests:)'
     exclude='^$'
     flags=(-DPROMPTCACHE_TSAN=ON)
     # Debian's LibTorch and libgomp are not instrumented: tests/tsan.supp names only their frames.

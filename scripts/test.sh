@@ -1,17 +1,40 @@
 #!/usr/bin/env bash
-# Installs dependencies, builds, and runs the whole test suite with CTest; then builds the library
-# and the fast suite with AddressSanitizer + UBSan in build-asan and runs that once
-# (scripts/sanitize.sh asan; docs/reliability.md, "Sanitizers"). The CI log shows that pass
-# between lines "======== sanitizer pass (asan): ...".
+# Installs dependencies, builds, and runs the whole test suite with CTest; then the checks CI adds
+# (docs/reliability.md, "Sanitizers"; docs/fuzzing.md, "In CI"), each in its own build folder:
+#   1. ASan + UBSan: the library and the fast suite, the server's tests among them, in build-asan
+#      (scripts/sanitize.sh asan)
+#   2. TSan: the server's tests and the concurrency stress test, in build-tsan
+#      (scripts/sanitize.sh tsan)
+#   3. fuzzing: the LibTorch-free libFuzzer targets, 30 s each, in build-fuzz (scripts/fuzz.sh ci)
+# The CI log shows each pass between lines "======== sanitizer pass (asan): ...",
+# "======== sanitizer pass (tsan): ..." and "======== fuzz pass (ci): ...". Every pass runs even
+# when one before it failed; the script fails when any did.
 #
-#   PROMPTCACHE_ASAN=0 scripts/test.sh    skip the ASan + UBSan pass (the normal suite only)
+#   PROMPTCACHE_ASAN=0 scripts/test.sh    skip the ASan + UBSan pass
+#   PROMPTCACHE_TSAN=0 scripts/test.sh    skip the TSan pass
+#   PROMPTCACHE_FUZZ=0 scripts/test.sh    skip the fuzz pass
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh
 ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j2
+failed=()
 if [[ ${PROMPTCACHE_ASAN:-1} == 1 ]]; then
-  BUILD_DIR=build-asan scripts/sanitize.sh asan
+  BUILD_DIR=build-asan scripts/sanitize.sh asan || failed+=(asan)
 else
   echo "the ASan + UBSan pass is skipped (PROMPTCACHE_ASAN=0; alone: scripts/sanitize.sh asan)"
+fi
+if [[ ${PROMPTCACHE_TSAN:-1} == 1 ]]; then
+  BUILD_DIR=build-tsan scripts/sanitize.sh tsan || failed+=(tsan)
+else
+  echo "the TSan pass is skipped (PROMPTCACHE_TSAN=0; alone: scripts/sanitize.sh tsan)"
+fi
+if [[ ${PROMPTCACHE_FUZZ:-1} == 1 ]]; then
+  BUILD_DIR=build-fuzz scripts/fuzz.sh ci || failed+=(fuzz)
+else
+  echo "the fuzz pass is skipped (PROMPTCACHE_FUZZ=0; alone: scripts/fuzz.sh ci)"
+fi
+if ((${#failed[@]})); then
+  echo "scripts/test.sh: FAILED passes: ${failed[*]} (their logs are above)" >&2
+  exit 1
 fi

@@ -27,6 +27,19 @@ const Arch kArchitectures[] = {{"LlamaForCausalLM", "llama"},
   throw Error(ErrorKind::kModel, message, SourceLocation{origin, 0, 0, {}});
 }
 
+// Far above any real model (the largest have ~130 layers), far below what per-layer tables
+// cost: a config.json claiming 10^11 layers built a flag per layer for minutes and gigabytes
+// (found reading the code beside the config_json fuzz target; regression
+// tests/fuzz/regressions/config_json/qwen-window-layers-huge-count).
+constexpr int64_t kMaxHiddenLayers = 65536;
+
+void check_layer_count(int64_t layers, const std::string& origin) {
+  if (layers > kMaxHiddenLayers) {
+    fail(origin, "field 'num_hidden_layers' (" + std::to_string(layers) + ") is more than the " +
+                     std::to_string(kMaxHiddenLayers) + " layers a model may have");
+  }
+}
+
 class Reader {
  public:
   Reader(const json& j, std::string origin) : j_(j), origin_(std::move(origin)) {}
@@ -150,6 +163,7 @@ FamilyTraits parse_traits(const Reader& r, const json& j, const std::string& mod
       t.sliding_layers.push_back(type == "sliding_attention");
     }
   } else if (qwen) {
+    check_layer_count(layers, origin);  // one flag per layer below
     const int64_t first = r.integer("max_window_layers", 0);
     for (int64_t i = 0; i < layers; ++i) t.sliding_layers.push_back(i >= first);
   }
@@ -283,6 +297,7 @@ void ModelConfig::validate(const std::string& origin) const {
   positive("head_dim", head_dim);
   positive("vocab_size", vocab_size);
   positive("max_position_embeddings", max_position_embeddings);
+  check_layer_count(num_hidden_layers, origin);
   if (num_attention_heads % num_key_value_heads != 0) {
     fail(origin, "field 'num_key_value_heads' (" + std::to_string(num_key_value_heads) +
                      ") does not divide field 'num_attention_heads' (" +

@@ -1,6 +1,6 @@
-# tests/fuzz/entries.cmake — the fuzz entry functions (fuzz_entries.hpp) as three small
-# libraries, by what they link: PML only, promptcache_core (tokenizers), LibTorch (safetensors,
-# cache files). Included by tests/CMakeLists.txt (the fuzz_replay test, regular compiler) and by
+# tests/fuzz/entries.cmake — the fuzz entry functions (fuzz_entries.hpp) as small libraries, by
+# what they link: PML only, promptcache_core (tokenizers; config.json), the server's request unit,
+# LibTorch (safetensors, cache files). Included by tests/CMakeLists.txt (the fuzz_replay test, regular compiler) and by
 # tests/fuzz/CMakeLists.txt (the libFuzzer targets, -DPROMPTCACHE_FUZZ=ON).
 if(NOT TARGET promptcache_fuzz_pml)
   set(PROMPTCACHE_FUZZ_SOURCE_DIR ${PROJECT_SOURCE_DIR}/tests/fuzz)
@@ -11,7 +11,13 @@ if(NOT TARGET promptcache_fuzz_pml)
   add_library(promptcache_fuzz_model STATIC ${PROMPTCACHE_FUZZ_SOURCE_DIR}/entries_model.cpp)
   target_link_libraries(promptcache_fuzz_model PUBLIC promptcache)
   target_include_directories(promptcache_fuzz_model PRIVATE ${XXHASH_INCLUDE_DIR})
-  foreach(kind pml tokenizer model)
+  # The server's edge (http_request, openai_json, posted_pml) and config.json (config_json):
+  # LibTorch-free, so CI can build and fuzz them without a clang build of LibTorch code.
+  add_library(promptcache_fuzz_request STATIC ${PROMPTCACHE_FUZZ_SOURCE_DIR}/entries_request.cpp)
+  target_link_libraries(promptcache_fuzz_request PUBLIC promptcache_request)
+  add_library(promptcache_fuzz_config STATIC ${PROMPTCACHE_FUZZ_SOURCE_DIR}/entries_config.cpp)
+  target_link_libraries(promptcache_fuzz_config PUBLIC promptcache_core)
+  foreach(kind pml tokenizer model request config)
     # Entries include "fuzz/fuzz_entries.hpp" and the PML tests' "pml/fake_tokenizer.hpp".
     target_include_directories(promptcache_fuzz_${kind} PUBLIC ${PROJECT_SOURCE_DIR}/tests)
     target_compile_options(promptcache_fuzz_${kind} PRIVATE -Wall -Wextra)
@@ -19,3 +25,5 @@ if(NOT TARGET promptcache_fuzz_pml)
 endif()
 set(PROMPTCACHE_FUZZ_TARGETS schema prompt tokenizer_json sentencepiece safetensors cache_file
     redis_value)
+# The server's edge and config.json (LibTorch-free, like the PML and tokenizer targets).
+list(APPEND PROMPTCACHE_FUZZ_TARGETS http_request openai_json posted_pml config_json)

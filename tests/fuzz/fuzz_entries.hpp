@@ -7,10 +7,12 @@
 // it with promptcache::Error (a clean rejection). Anything else escapes and is a finding: another
 // exception (an InvariantViolation included), a crash, a sanitizer report, a leak or a hang.
 //
-// The entries live in three libraries by what they link, so that a target pulls in no more than
+// The entries live in libraries by what they link, so that a target pulls in no more than
 // it exercises: entries_pml.cpp (header-only PML, no LibTorch), entries_tokenizer.cpp
-// (promptcache_core) and entries_model.cpp (LibTorch). None links libsentencepiece: the library
-// reads tokenizer.model itself (src/core/sentencepiece_tokenizer.cpp).
+// (promptcache_core), entries_request.cpp (the server's request unit, promptcache_request:
+// no LibTorch), entries_config.cpp (promptcache_core) and entries_model.cpp (LibTorch). None links
+// libsentencepiece: the library reads tokenizer.model itself
+// (src/core/sentencepiece_tokenizer.cpp).
 #pragma once
 
 #include <cstddef>
@@ -39,6 +41,23 @@ struct InvariantViolation : std::logic_error {
 void schema_entry(const std::uint8_t* data, std::size_t size);
 // "prompt": PML prompt text -> parse_prompt_string -> resolve against a fixed small schema.
 void prompt_entry(const std::uint8_t* data, std::size_t size);
+// "http_request": a `promptcache serve` request body -> the validated request
+// (src/server/request.hpp). Byte 0 picks the endpoint (0 /v1/prompt, 1 /v1/chat/completions,
+// 2 /v1/completions, 3 /v1/schemas as JSON, 4 as XML; modulo 5), byte 1 the limits (even: the
+// defaults; odd: small ones sized by the other bits), the rest is the body.
+void http_request_entry(const std::uint8_t* data, std::size_t size);
+// "openai_json": byte 0 (bit 0: 0 = chat, 1 = completion; the other bits: the limits as above),
+// then the body -> parse_completion_request; messages, module references and sampling numbers
+// within their limits.
+void openai_json_entry(const std::uint8_t* data, std::size_t size);
+// "posted_pml": byte 0 (bit 0: 0 = a RootedSrcFiles resolver over a scratch root with files,
+// links leading out, a FIFO; 1 = NoSrcFiles; bit 1: a small max_pml_depth), then schema XML
+// ("@ROOT@" and "@CANARY@" stand for the root's and an outside file's absolute paths) ->
+// parse_posted_schema; no text of a file outside the root ever reaches the schema.
+void posted_pml_entry(const std::uint8_t* data, std::size_t size);
+// "config_json": config.json bytes -> ModelConfig::from_json_string; sizes positive, special ids
+// in the vocabulary, and the config written back (to_json_string) reads back the same.
+void config_json_entry(const std::uint8_t* data, std::size_t size);
 // "tokenizer_json": tokenizer.json bytes, optionally followed by NUL-separated parts: a text to
 // encode, tokenizer_config.json, generation_config.json -> load_bpe_tokenizer -> encode (the
 // text and fixed strings) and decode.

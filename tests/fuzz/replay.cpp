@@ -40,6 +40,10 @@ struct Target {
 const Target kTargets[] = {
     {"schema", promptcache::fuzz::schema_entry},
     {"prompt", promptcache::fuzz::prompt_entry},
+    {"http_request", promptcache::fuzz::http_request_entry},
+    {"openai_json", promptcache::fuzz::openai_json_entry},
+    {"posted_pml", promptcache::fuzz::posted_pml_entry},
+    {"config_json", promptcache::fuzz::config_json_entry},
     {"tokenizer_json", promptcache::fuzz::tokenizer_json_entry},
     {"sentencepiece", promptcache::fuzz::sentencepiece_entry},
     {"safetensors", promptcache::fuzz::safetensors_entry},
