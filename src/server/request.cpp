@@ -237,19 +237,6 @@ std::vector<pml::ModuleRef> module_refs(const json& list, const RequestLimits& l
   return top;
 }
 
-// The element nesting of a schema tree, without recursion.
-std::size_t schema_depth(const pml::Node& root) {
-  std::size_t deepest = 0;
-  std::vector<std::pair<const pml::Node*, std::size_t>> stack{{&root, 1}};
-  while (!stack.empty()) {
-    const auto [node, depth] = stack.back();
-    stack.pop_back();
-    deepest = std::max(deepest, depth);
-    for (const pml::Node& child : node->children) stack.push_back({&child, depth + 1});
-  }
-  return deepest;
-}
-
 std::size_t prompt_depth(const std::vector<pml::ModuleRef>& refs) {
   std::size_t deepest = 1;
   std::vector<std::pair<const pml::ModuleRef*, std::size_t>> stack;
@@ -264,6 +251,18 @@ std::size_t prompt_depth(const std::vector<pml::ModuleRef>& refs) {
 }
 
 }  // namespace
+
+std::size_t schema_depth(const pml::Node& root) {
+  std::size_t deepest = 0;
+  std::vector<std::pair<const pml::Node*, std::size_t>> stack{{&root, 1}};
+  while (!stack.empty()) {
+    const auto [node, depth] = stack.back();
+    stack.pop_back();
+    deepest = std::max(deepest, depth);
+    for (const pml::Node& child : node->children) stack.push_back({&child, depth + 1});
+  }
+  return deepest;
+}
 
 json parse_json_body(std::string_view text, const RequestLimits& limits) {
   if (text.size() > limits.max_body_bytes) {

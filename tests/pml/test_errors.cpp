@@ -1,6 +1,7 @@
 // The bad-input catalogue: every case asserts the exact ErrorKind and that the message names
 // the file, the line and the element.
 #include "support/catch.hpp"
+#include "support/test_support.hpp"
 
 #include "pml/fake_tokenizer.hpp"
 #include "promptcache/pml/layout.hpp"
@@ -176,7 +177,7 @@ TEST_CASE("layout: a scaffold longer than its parameter is cut to the slot", "[p
 }
 
 TEST_CASE("errors: a missing src file in a schema file names the schema file", "[pml][errors]") {
-  const std::string path = PROMPTCACHE_SOURCE_DIR "/tests/pml/fixtures/missing_src.xml";
+  const std::string path = test::source_dir() + "/tests/pml/fixtures/missing_src.xml";
   expect_error([&] { parse_schema_file(path); },
                {"missing src", "", ErrorKind::kIo, 3, "<module name=\"doc\">"}, path);
   expect_error([&] { parse_schema_file(path + ".absent"); },
