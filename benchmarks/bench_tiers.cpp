@@ -18,6 +18,7 @@
 #include <torch/types.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -71,6 +72,10 @@ int main(int argc, char** argv) {
   EngineOptions options;
   options.max_host_bytes = budget;
   options.redis_url = mode == "load" ? redis : "";
+  // The values are sealed with a secret (redis_tier.hpp): $PROMPTCACHE_CACHE_SECRET, else a
+  // fixed one (this process reads back only what it wrote).
+  const char* secret = std::getenv("PROMPTCACHE_CACHE_SECRET");
+  options.cache_secret = secret != nullptr && *secret != '\0' ? secret : "bench_tiers";
   auto engine_owner = bench::synthetic_engine("bench_tiers", flags.text("shape", "bench-small"),
                                               "cpu", "f32", "", "", options);
   Engine& engine = *engine_owner;

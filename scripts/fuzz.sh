@@ -26,7 +26,7 @@ root=$PWD
 build=${BUILD_DIR:-build-fuzz}
 cxx=${CXX:-clang++-14}
 nice_level=${NICE:-10}
-targets=(schema prompt tokenizer_json sentencepiece safetensors cache_file)
+targets=(schema prompt tokenizer_json sentencepiece safetensors cache_file redis_value)
 declare -A dict=([schema]=pml.dict [prompt]=pml.dict [tokenizer_json]=json.dict
   [safetensors]=json.dict [cache_file]=json.dict)
 # The server's edge and config.json (issue 31).

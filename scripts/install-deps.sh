@@ -7,8 +7,8 @@
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config ccache libtorch-dev libopenblas0-pthread libpugixml-dev
       libfmt-dev catch2 libsentencepiece-dev sentencepiece nlohmann-json3-dev libcli11-dev python3
-      libpcre2-dev libutf8proc-dev libxxhash-dev libcpp-httplib-dev libhiredis-dev redis-server
-      chromium)
+      libpcre2-dev libutf8proc-dev libxxhash-dev libcpp-httplib-dev libhiredis-dev libssl-dev
+      redis-server chromium)
 missing=()
 # CI's fuzz pass (scripts/fuzz.sh ci): clang, libFuzzer, sanitizer runtimes, llvm-symbolizer.
 pkgs+=(clang-14 libclang-rt-14-dev llvm-14)

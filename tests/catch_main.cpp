@@ -9,3 +9,13 @@ int main(int argc, char** argv) {
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 #endif
+
+// The checkout's paths (tests/support/test_support.hpp): only this unit is compiled with them.
+namespace promptcache::test {
+const char* source_dir_path() {
+  return PROMPTCACHE_SOURCE_DIR;
+}
+const char* shared_dir_path() {
+  return PROMPTCACHE_SHARED_DIR;
+}
+}  // namespace promptcache::test

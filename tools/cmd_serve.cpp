@@ -1,15 +1,57 @@
 // promptcache serve: the engine behind an HTTP API (docs/server.md).
 #include <fmt/format.h>
 
+#include <arpa/inet.h>
+
+#include <cctype>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <limits>
 
 #include "engine_setup.hpp"
 // The header needs no HTTP library: a build without cpp-httplib still parses the flags.
 #include "promptcache/server/server.hpp"
+#ifdef PROMPTCACHE_WITH_SERVER
+#include "../src/server/http_guard.hpp"  // to check --allowed-* before the model loads
+#endif
 
 namespace promptcache::cli {
+
+#ifdef PROMPTCACHE_WITH_SERVER
+namespace {
+
+// The first line of FILE, trailing whitespace dropped; a usage error when it cannot be read or
+// holds no key.
+std::string read_key_file(const std::string& path) {
+  std::error_code ec;
+  std::ifstream in(path);
+  std::string line;
+  if (std::filesystem::is_directory(path, ec) || !in || (!std::getline(in, line) && in.bad())) {
+    throw UsageError("--api-key-file " + path + ": cannot read it");
+  }
+  while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.pop_back();
+  if (line.empty()) throw UsageError("--api-key-file " + path + ": its first line holds no key");
+  return line;
+}
+
+// 127.0.0.0/8, ::1 or localhost: only this machine can connect.
+bool loopback(const std::string& host) {
+  std::string h = host;
+  if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  if (h == "localhost") return true;
+  unsigned char v4[4], v6[16];
+  if (inet_pton(AF_INET, h.c_str(), v4) == 1) return v4[0] == 127;
+  if (inet_pton(AF_INET6, h.c_str(), v6) == 1) {
+    static const unsigned char one[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+    return std::memcmp(v6, one, 16) == 0;
+  }
+  return false;
+}
+
+}  // namespace
+#endif
 
 Command register_serve(CLI::App& root) {
   struct Options {
@@ -19,6 +61,8 @@ Command register_serve(CLI::App& root) {
     std::string host = "127.0.0.1", api_key;
     int port = 8080, max_batch = 16, http_threads = 64;
     server::ServerOptions limits;  // the files, sizes and budgets block below
+    std::vector<std::string> allowed_origins, allowed_hosts;  // browsers and names
+    std::string api_key_file;
   };
   auto o = std::make_shared<Options>();
   auto* app = root.add_subcommand(
@@ -78,9 +122,24 @@ Command register_serve(CLI::App& root) {
       ->capture_default_str()
       ->check(whole_number(1, 4096));
   app->add_option("--api-key", o->api_key,
-                  "require 'Authorization: Bearer KEY' on every endpoint but /health "
-                  "(default: $PROMPTCACHE_API_KEY)")
+                  "require 'Authorization: Bearer KEY' or 'X-API-Key: KEY' on every endpoint "
+                  "but /health and the page at / (default: $PROMPTCACHE_API_KEY; shows in `ps`: "
+                  "prefer --api-key-file)")
       ->envname("PROMPTCACHE_API_KEY");
+  // Browsers and names, key hygiene (docs/server.md "Browsers, hosts and keys").
+  app->add_option("--api-key-file", o->api_key_file,
+                  "read the key from the first line of FILE (trailing whitespace dropped), so it "
+                  "does not show in `ps`; not with --api-key or $PROMPTCACHE_API_KEY");
+  app->add_option("--allowed-origins", o->allowed_origins,
+                  "comma list of origins (scheme://host[:port]) whose web pages may call the "
+                  "server, with CORS answers; '*': any; 'null': pages without an origin. Requests "
+                  "from other origins get 403 (the server's own pages are always allowed)")
+      ->delimiter(',');
+  app->add_option("--allowed-hosts", o->allowed_hosts,
+                  "comma list of Host names (name or name:port) accepted besides the bound "
+                  "address, localhost, 127.0.0.1 and [::1]; '*': any. Others get 403 (a guard "
+                  "against DNS rebinding)")
+      ->delimiter(',');
   return {app, [o]() -> int {
 #ifdef PROMPTCACHE_WITH_SERVER
             std::cerr << apply_threads(o->model) << "\n";
@@ -90,6 +149,22 @@ Command register_serve(CLI::App& root) {
             options.max_batch = o->max_batch;
             options.http_threads = o->http_threads;
             options.api_key = o->api_key;
+            if (!o->api_key_file.empty()) {
+              if (!o->api_key.empty()) {
+                throw UsageError(
+                    "--api-key-file and --api-key (or $PROMPTCACHE_API_KEY) both give the key: "
+                    "use one");
+              }
+              options.api_key = read_key_file(o->api_key_file);
+            }
+            options.allowed_origins = o->allowed_origins;
+            options.allowed_hosts = o->allowed_hosts;
+            try {  // the Server checks them too; here a typo costs no model load
+              server::make_guard_options(options.host, options.allowed_origins,
+                                         options.allowed_hosts, options.api_key);
+            } catch (const Error& e) {
+              throw UsageError(e.message());
+            }
             options.cache_dir = o->engine.cache_dir;  // --cache-dir (add_engine_flags)
             options.model_name =
                 std::filesystem::path(o->model.model_dir).lexically_normal().filename().string();
@@ -97,6 +172,13 @@ Command register_serve(CLI::App& root) {
             server::Server srv(open_engine(o->model, o->engine), options);
             for (const auto& file : o->schemas) srv.add_schema_file(file, progress_bar());
             const int port = srv.bind();
+            if (options.api_key.empty() && !loopback(o->host)) {
+              std::cerr << "promptcache serve: WARNING: listening on " << o->host
+                        << " without an API key: anyone who can reach this address can run "
+                           "the model and post schemas. Give a key with --api-key-file FILE "
+                           "(or $PROMPTCACHE_API_KEY), or listen on 127.0.0.1 behind a proxy "
+                           "(docs/server.md)\n";
+            }
             // Scripts wait for this line (and read the port from it with --port 0).
             std::cerr << fmt::format("promptcache serve: listening on http://{}:{}/\n", o->host,
                                      port)

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <string>
@@ -23,7 +24,15 @@ void add_engine_flags(CLI::App& app, EngineFlags& flags) {
                  "device-memory budget of the stored spans when the model is not on the CPU");
   app.add_option("--redis", flags.redis,
                  "a Redis server shared by many processes (redis://HOST:PORT): compiled spans are "
-                 "stored there, and a schema it holds is served without compiling");
+                 "stored there, and a schema it holds is served without compiling; needs "
+                 "--cache-secret-file, --cache-secret or $PROMPTCACHE_CACHE_SECRET");
+  app.add_option("--cache-secret-file", flags.cache_secret_file,
+                 "file whose first line (trailing whitespace trimmed) is the secret that seals "
+                 "the values stored in --redis (HMAC-SHA256): the same in every process sharing "
+                 "the server; values sealed with another secret are refused and compiled again");
+  app.add_option("--cache-secret", flags.cache_secret,
+                 "the --redis secret itself (visible in `ps`: prefer --cache-secret-file or "
+                 "$PROMPTCACHE_CACHE_SECRET)");
   app.add_option("--encoding", flags.encoding, "module encoding: scaffold or isolated")
       ->capture_default_str();
   app.add_option(
@@ -40,7 +49,27 @@ LoadOptions load_options(const ModelOptions& model) {
   return load;
 }
 
+std::string cache_secret(const EngineFlags& flags) {
+  if (!flags.cache_secret.empty() && !flags.cache_secret_file.empty()) {
+    throw UsageError("--cache-secret and --cache-secret-file: give one of them, not both");
+  }
+  if (!flags.cache_secret_file.empty()) {
+    return read_secret_file(flags.cache_secret_file, "--cache-secret-file");
+  }
+  if (!flags.cache_secret.empty()) return flags.cache_secret;
+  const char* env = std::getenv("PROMPTCACHE_CACHE_SECRET");
+  return env != nullptr ? env : "";
+}
+
 std::unique_ptr<Engine> open_engine(const ModelOptions& model, const EngineFlags& flags) {
+  std::string secret = cache_secret(flags);
+  if (!flags.redis.empty() && secret.empty()) {
+    // Refused rather than unsealed: whoever can write to the server could inject states.
+    throw UsageError(
+        "--redis needs a secret to seal the values it stores, the same in every process sharing "
+        "the server: --cache-secret-file FILE, --cache-secret S or $PROMPTCACHE_CACHE_SECRET "
+        "(make one with `openssl rand -hex 32 > FILE`)");
+  }
   require_model(model);
   apply_threads(model);
   EngineOptions options;
@@ -50,6 +79,7 @@ std::unique_ptr<Engine> open_engine(const ModelOptions& model, const EngineFlags
   options.max_host_bytes = parse_byte_size(flags.max_host_bytes, "--max-host-bytes");
   options.max_device_bytes = parse_byte_size(flags.max_device_bytes, "--max-device-bytes");
   options.redis_url = flags.redis;
+  if (!flags.redis.empty()) options.cache_secret = std::move(secret);
   return Engine::open(model.model_dir, options);
 }
 

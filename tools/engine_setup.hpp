@@ -14,10 +14,18 @@ struct EngineFlags {
   std::string cache_dir;  // --cache-dir: where compiled states are kept between runs
   std::string max_host_bytes, max_device_bytes;  // span tier budgets ("64M"; "" no limit)
   std::string redis;                             // --redis redis://HOST:PORT ("" none)
+  // The secret Redis values are sealed with: --cache-secret S or --cache-secret-file FILE, else
+  // $PROMPTCACHE_CACHE_SECRET (cache_secret()). Required with --redis.
+  std::string cache_secret, cache_secret_file;
 };
 void add_engine_flags(CLI::App& app, EngineFlags& flags);
 // The LoadOptions that --device, --dtype and --weights select.
 LoadOptions load_options(const ModelOptions& model);
+// The secret for the Redis tier: --cache-secret-file's first line (trailing whitespace
+// trimmed), else --cache-secret, else $PROMPTCACHE_CACHE_SECRET, else "". UsageError when both
+// flags are given or the file cannot be read or holds no secret.
+std::string cache_secret(const EngineFlags& flags);
+// UsageError for --redis without a secret (cache_secret).
 std::unique_ptr<Engine> open_engine(const ModelOptions& model, const EngineFlags& flags);
 // The states file for `schema`: `cache_file` when given, else the schema's own file under
 // flags.cache_dir (created when missing; cache_file_name), else "" (compile in memory only).

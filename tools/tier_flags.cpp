@@ -1,6 +1,7 @@
 #include "tier_flags.hpp"
 
 #include <cctype>
+#include <fstream>
 #include <iostream>
 #include <limits>
 
@@ -41,6 +42,24 @@ int64_t parse_byte_size(const std::string& text, const std::string& flag) {
   return static_cast<int64_t>(value) << shift;
 }
 
+std::string read_secret_file(const std::string& path, const std::string& flag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UsageError(flag + " " + path + ": cannot read the file");
+  constexpr std::size_t kMaxBytes = 64 * 1024;
+  std::string text(kMaxBytes, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  const auto eol = text.find('\n');
+  if (eol != std::string::npos) {
+    text.resize(eol);
+  } else if (text.size() == kMaxBytes) {
+    throw UsageError(flag + " " + path + ": its first line is longer than 64 KiB");
+  }
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+  if (text.empty()) throw UsageError(flag + " " + path + ": its first line holds no secret");
+  return text;
+}
+
 nlohmann::json tier_stats_json(const TierStats& s) {
   return {
       {"hits", s.hits},
@@ -54,6 +73,8 @@ nlohmann::json tier_stats_json(const TierStats& s) {
       {"recompiles", s.recompiles},
       {"evictions", s.evictions},
       {"shared", s.shared},
+      {"remote_rejected", s.remote_rejected},
+      {"file_rejected", s.file_rejected},
       {"keys", s.keys},
       {"host", {{"spans", s.host_spans}, {"bytes", s.host_bytes}, {"max_bytes", s.max_host_bytes}}},
       {"device",

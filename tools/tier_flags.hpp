@@ -14,6 +14,10 @@ namespace promptcache::cli {
 // otherwise.
 int64_t parse_byte_size(const std::string& text, const std::string& flag);
 
+// A secret kept in a file: its first line, trailing whitespace trimmed (at most 64 KiB read).
+// UsageError naming `flag` and the file when it cannot be read or the line is empty.
+std::string read_secret_file(const std::string& path, const std::string& flag);
+
 nlohmann::json tier_stats_json(const TierStats& s);
 // `j`'s "schema_source" (how the schema's states came to be: compile_report().source) and
 // "tiers" (tier_stats_json).

@@ -58,6 +58,9 @@ struct EngineOptions {
   // A Redis server shared by many engines ("redis://HOST:PORT"; redis_tier.hpp): compiled spans
   // are written there, and a schema whose spans it holds is added without compiling.
   std::string redis_url;
+  // The secret its values are sealed with (HMAC-SHA256; redis_tier.hpp): the same in every
+  // engine sharing the server. Required with redis_url (Error(kInvalidArgument) when empty).
+  std::string cache_secret;
 };
 
 struct RequestOptions {

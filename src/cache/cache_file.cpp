@@ -1,8 +1,5 @@
 #include "promptcache/cache/cache_file.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <cstdio>
 #include <filesystem>
 
@@ -98,32 +95,15 @@ std::string metadata_checksum(const std::map<std::string, std::string>& meta) {
 
 namespace {
 
-// Writes the file next to `path` and renames it over `path` once it is on disk, so a crash
-// mid-write leaves the old file (or none), never a torn one.
+// Published whole or not at all (write_safetensors writes through write_file_atomically: a
+// uniquely named temporary file beside `path`, fsync'd, renamed over it), so a crash, a full
+// disk or a failed write leaves the old file byte for byte (or none), never a torn one.
 void write_atomically(const std::string& path, const std::map<std::string, torch::Tensor>& tensors,
                       const std::map<std::string, std::string>& meta) {
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
   try {
-    try {
-      write_safetensors(tmp, tensors, meta);
-    } catch (const Error& e) {
-      // Named after the file the user asked for, not the temporary one.
-      throw Error(e.kind(), "cannot write the cache file: " + e.message(), {path});
-    }
-    const int fd = ::open(tmp.c_str(), O_RDONLY);
-    if (fd < 0 || ::fsync(fd) != 0) {
-      if (fd >= 0) ::close(fd);
-      throw Error(ErrorKind::kIo, "cannot flush the cache file to disk", {tmp});
-    }
-    ::close(fd);
-    std::error_code ec;
-    std::filesystem::rename(tmp, path, ec);
-    if (ec)
-      throw Error(ErrorKind::kIo, "cannot move the cache file into place: " + ec.message(), {path});
-  } catch (...) {
-    std::error_code ignored;
-    std::filesystem::remove(tmp, ignored);
-    throw;
+    write_safetensors(path, tensors, meta);
+  } catch (const Error& e) {
+    throw Error(e.kind(), "cannot write the cache file: " + e.message(), e.where());
   }
 }
 

@@ -1,13 +1,10 @@
 #include "promptcache/cache/redis_tier.hpp"
 
+#include <openssl/crypto.h>
 #include <signal.h>
 
 #include <cstring>
 #include <iostream>
-#include <sstream>
-
-#define XXH_INLINE_ALL
-#include <xxhash.h>
 
 #include "promptcache/error.hpp"
 #include "promptcache/model/llama.hpp"
@@ -19,31 +16,10 @@
 namespace promptcache {
 namespace {
 
-constexpr const char* kValueFormat = "promptcache-span-v1";
 // How long a lost server is left alone before the next try.
 constexpr auto kRetryPause = std::chrono::seconds(2);
 
-std::string hex64(std::uint64_t h) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
-  return buf;
-}
-
 }  // namespace
-
-std::string RedisTier::encode(const torch::Tensor& block) {
-  const auto dense = block.to(torch::kCPU).contiguous();
-  const auto bytes = static_cast<std::size_t>(dense.numel() * dense.element_size());
-  std::ostringstream header;
-  header << kValueFormat << ' ' << dtype_name(dense.scalar_type()) << ' ' << dense.dim();
-  for (int64_t d : dense.sizes()) header << ' ' << d;
-  header << ' ' << hex64(XXH3_64bits(dense.data_ptr(), bytes)) << '\n';
-  std::string value = header.str();
-  const std::size_t at = value.size();
-  value.resize(at + bytes);
-  std::memcpy(value.data() + at, dense.data_ptr(), bytes);
-  return value;
-}
 
 #ifdef PROMPTCACHE_WITH_REDIS
 
@@ -65,10 +41,10 @@ using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
 
 }  // namespace
 
-RedisTier::RedisTier(std::string url, std::string host, int port)
-    : url_(std::move(url)), host_(std::move(host)), port_(port) {}
+RedisTier::RedisTier(std::string url, std::string host, int port, std::string secret)
+    : url_(std::move(url)), host_(std::move(host)), port_(port), secret_(std::move(secret)) {}
 
-std::unique_ptr<RedisTier> RedisTier::connect(const std::string& url) {
+std::unique_ptr<RedisTier> RedisTier::connect(const std::string& url, const std::string& secret) {
   std::string rest = url;
   const std::string scheme = "redis://";
   if (rest.rfind(scheme, 0) == 0) rest = rest.substr(scheme.size());
@@ -91,16 +67,26 @@ std::unique_ptr<RedisTier> RedisTier::connect(const std::string& url) {
     throw Error(ErrorKind::kInvalidArgument,
                 "redis URL '" + url + "': expected redis://HOST:PORT (no user, path or options)");
   }
+  if (secret.empty()) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "redis " + url +
+                    ": a Redis tier needs a secret to seal its values with, so that whoever can "
+                    "write to the server cannot inject states (the CLI's --cache-secret S, "
+                    "--cache-secret-file FILE or $PROMPTCACHE_CACHE_SECRET; the same in every "
+                    "process sharing the server)");
+  }
   // hiredis writes with write(): a server that went away would end the process with SIGPIPE
   // instead of an error the tier degrades on. Ignored unless the program handles it itself.
   struct sigaction current {};
   if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
     ::signal(SIGPIPE, SIG_IGN);
   }
-  return std::unique_ptr<RedisTier>(new RedisTier(url, host, port));
+  return std::unique_ptr<RedisTier>(new RedisTier(url, host, port, secret));
 }
 
-RedisTier::~RedisTier() = default;
+RedisTier::~RedisTier() {
+  OPENSSL_cleanse(secret_.data(), secret_.size());
+}
 
 RedisTier::Connection* RedisTier::ready() {
   if (connection_) return connection_.get();
@@ -143,38 +129,24 @@ std::optional<torch::Tensor> RedisTier::get(const std::string& key, torch::Dtype
     return std::nullopt;
   }
   if (reply->type == REDIS_REPLY_NIL) return std::nullopt;
+  // Reported and counted, never served: the caller compiles the span again (and replaces the
+  // value).
   auto refuse = [&](const std::string& why) -> std::optional<torch::Tensor> {
-    std::cerr << "promptcache: warning: redis " << url_ << " key '" << key << "': " << why
-              << "; not used\n";
+    ++rejected_;
+    std::cerr << "promptcache: warning: redis " << url_ << " key '" << key
+              << "' failed its check: " << why << "; not used, compiling again\n";
     return std::nullopt;
   };
   if (reply->type != REDIS_REPLY_STRING) return refuse("not a string value");
-  const std::string_view value(reply->str, reply->len);
-  const auto eol = value.find('\n');
-  if (eol == std::string_view::npos) return refuse("no header");
-  std::istringstream header{std::string(value.substr(0, eol))};
-  std::string format, dtype_text, checksum;
-  std::size_t dims = 0;
-  header >> format >> dtype_text >> dims;
-  if (format != kValueFormat) return refuse("not a promptcache span value");
-  if (dtype_text != dtype_name(dtype)) return refuse("states of dtype " + dtype_text);
-  std::vector<int64_t> sizes(dims > 8 ? 0 : dims);
-  for (auto& d : sizes) header >> d;
-  header >> checksum;
-  if (!header || sizes != shape) return refuse("states of another shape");
-  auto block = torch::empty(shape, torch::TensorOptions().dtype(dtype));
-  const auto bytes = static_cast<std::size_t>(block.numel() * block.element_size());
-  if (value.size() - eol - 1 != bytes) return refuse("truncated or overlong value");
-  const char* data = value.data() + eol + 1;
-  if (hex64(XXH3_64bits(data, bytes)) != checksum) {
-    return refuse("the bytes do not match their checksum");
+  try {
+    return decode(key, std::string_view(reply->str, reply->len), secret_, dtype, shape);
+  } catch (const Error& e) {
+    return refuse(e.message());
   }
-  std::memcpy(block.data_ptr(), data, bytes);
-  return block;
 }
 
 bool RedisTier::put(const std::string& key, const torch::Tensor& block) {
-  return put_value(key, encode(block));
+  return put_value(key, encode(key, block, secret_));
 }
 
 bool RedisTier::put_value(const std::string& key, const std::string& value) {
@@ -213,11 +185,11 @@ bool RedisTier::contains(const std::string& key) {
 
 struct RedisTier::Connection {};
 
-RedisTier::RedisTier(std::string url, std::string host, int port)
-    : url_(std::move(url)), host_(std::move(host)), port_(port) {}
+RedisTier::RedisTier(std::string url, std::string host, int port, std::string secret)
+    : url_(std::move(url)), host_(std::move(host)), port_(port), secret_(std::move(secret)) {}
 RedisTier::~RedisTier() = default;
 
-std::unique_ptr<RedisTier> RedisTier::connect(const std::string& url) {
+std::unique_ptr<RedisTier> RedisTier::connect(const std::string& url, const std::string&) {
   throw Error(ErrorKind::kInvalidArgument,
               "redis URL '" + url +
                   "': this promptcache was built without hiredis, so it has no Redis tier "
@@ -229,6 +201,9 @@ std::optional<torch::Tensor> RedisTier::get(const std::string&, torch::Dtype,
   return std::nullopt;
 }
 bool RedisTier::put(const std::string&, const torch::Tensor&) {
+  return false;
+}
+bool RedisTier::put_value(const std::string&, const std::string&) {
   return false;
 }
 bool RedisTier::contains(const std::string&) {

@@ -287,7 +287,7 @@ SpanStates SpanStore::promote(std::unique_lock<std::mutex>& lock, const SlotPtr&
   // the lock (other requests go on meanwhile).
   lock.unlock();
   SpanStates got;
-  bool from_file = false, from_remote = false;
+  bool from_file = false, from_remote = false, file_rejected = false;
   try {
     if (!schema.cache_file.empty() && std::filesystem::exists(schema.cache_file)) {
       try {
@@ -298,6 +298,7 @@ SpanStates SpanStore::promote(std::unique_lock<std::mutex>& lock, const SlotPtr&
         // Never served: a file changed or damaged since the schema was added is skipped.
         std::cerr << "promptcache: warning: " << e.what() << "; compiling span " << span
                   << " of schema '" << schema.schema << "' again\n";
+        file_rejected = true;
       }
     }
     if (!from_file && remote_) {
@@ -319,9 +320,11 @@ SpanStates SpanStore::promote(std::unique_lock<std::mutex>& lock, const SlotPtr&
     }
   } catch (...) {
     lock.lock();
+    if (file_rejected) ++stats_.file_rejected;
     throw;
   }
   lock.lock();
+  if (file_rejected) ++stats_.file_rejected;
   if (from_file || from_remote) {
     ++stats_.promotions;
     ++(from_file ? stats_.file_loads : stats_.remote_loads);
@@ -400,7 +403,13 @@ TierStats SpanStore::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   TierStats s = stats_;
   s.keys = static_cast<int64_t>(slots_.size());
+  s.remote_rejected = remote_ ? remote_->rejected() : 0;
   return s;
+}
+
+void SpanStore::count_file_rejected() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++stats_.file_rejected;
 }
 
 }  // namespace promptcache

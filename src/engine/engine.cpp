@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <iostream>
 #include <map>
 #include <numeric>
 
@@ -51,7 +52,8 @@ Engine::Engine(std::unique_ptr<LlamaModel> model, std::unique_ptr<Tokenizer> tok
   spans_ = std::make_unique<SpanStore>(
       *model_, options_.encoding, options_.compile_chunk_tokens,
       TierBudgets{options_.max_host_bytes, options_.max_device_bytes},
-      options_.redis_url.empty() ? nullptr : RedisTier::connect(options_.redis_url));
+      options_.redis_url.empty() ? nullptr
+                                 : RedisTier::connect(options_.redis_url, options_.cache_secret));
   const ModelConfig& config = model_->config();
   template_ = pml::chat_template(pml::choose_chat_template(
       options_.chat_template, config.chat_template, *tokenizer_, config.default_chat_template()));
@@ -114,6 +116,11 @@ const pml::Layout& Engine::add_schema(const pml::Schema& schema, const ProgressC
       if (e.kind() != ErrorKind::kCacheFile) throw;  // corrupt: the user should look at it
       stale = e.message();
       entry->states = CacheStore();
+      // Never silent: reported (with or without --stats) and counted, then compiled again.
+      std::cerr << "promptcache: warning: states file " << cache_file
+                << " failed its check: " << stale << "; compiling schema '" << schema.name
+                << "' again\n";
+      spans_->count_file_rejected();
     }
   }
   if (reuse && entry->report.source == "compiled" && spans_->remote() != nullptr) {

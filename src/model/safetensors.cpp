@@ -1,6 +1,7 @@
 // safetensors.cpp — mmap reader with strict header validation, and an atomic writer.
 #include "promptcache/model/safetensors.hpp"
 
+#include "promptcache/atomic_file.hpp"
 #include "promptcache/error.hpp"
 
 #include <nlohmann/json.hpp>
@@ -395,31 +396,19 @@ void write_safetensors(const std::string& path, const std::map<std::string, torc
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
 
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  auto io_fail = [&](const std::string& what) {
-    std::remove(tmp.c_str());
-    throw Error(ErrorKind::kIo, what + ": " + std::strerror(errno), SourceLocation{path, 0, 0, {}});
-  };
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) io_fail("cannot create " + tmp);
+  // Published whole or not at all: a full disk or a failed write leaves the old file.
+  write_file_atomically(path, [&](const FileSink& write) {
     unsigned char len[8];
     uint64_t n = text.size();
     for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>((n >> (8 * i)) & 0xff);
-    out.write(reinterpret_cast<const char*>(len), 8);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    write(len, 8);
+    write(text.data(), text.size());
     for (const auto& kv : cpu) {
       const std::size_t nbytes =
           static_cast<std::size_t>(kv.second.numel()) * itemsize_of(kv.second.scalar_type());
-      if (nbytes > 0) {
-        out.write(static_cast<const char*>(kv.second.data_ptr()),
-                  static_cast<std::streamsize>(nbytes));
-      }
+      if (nbytes > 0) write(kv.second.data_ptr(), nbytes);
     }
-    out.flush();
-    if (!out) io_fail("cannot write " + tmp);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) io_fail("cannot rename " + tmp + " to " + path);
+  });
 }
 
 }  // namespace promptcache

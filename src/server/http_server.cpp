@@ -5,8 +5,10 @@
 #include <chrono>
 #include <csignal>
 #include <filesystem>
+#include <optional>
 
 #include "chat_encoding.hpp"
+#include "http_guard.hpp"
 #include "openai.hpp"
 #include "promptcache/server/server.hpp"
 #include "request.hpp"
@@ -100,6 +102,33 @@ RequestLimits request_limits(const ServerOptions& o) {
   return limits;
 }
 
+// A body the server will not read: chunked (411: its size is unknown until it has been read) or
+// announced larger than max_body_bytes (413), or a Content-Length that is no number (400).
+static std::optional<LimitError> body_size_refusal(const httplib::Request& req,
+                                                   std::size_t max_bytes) {
+  if (req.has_header("Transfer-Encoding")) {
+    return LimitError(411, "",
+                      "request bodies must be sent with a Content-Length (chunked bodies are not "
+                      "accepted: their size is unknown until they have been read)");
+  }
+  if (!req.has_header("Content-Length")) return std::nullopt;
+  const std::string value = req.get_header_value("Content-Length");
+  std::size_t length = 0;
+  bool number = !value.empty() && value.size() <= 19;
+  for (const char c : value) {
+    number = number && c >= '0' && c <= '9';
+    if (number) length = length * 10 + static_cast<std::size_t>(c - '0');
+  }
+  if (!number) return LimitError(400, "", "the Content-Length header is not a number");
+  if (length > max_bytes) {
+    return LimitError(413, "max_body_bytes",
+                      "the request body is " + std::to_string(length) + " bytes, more than the " +
+                          std::to_string(max_bytes) +
+                          " the server takes (start it with --max-body-bytes N to allow more)");
+  }
+  return std::nullopt;
+}
+
 struct Server::Impl {
   Impl(std::unique_ptr<Engine> e, ServerOptions o)
       : engine(std::move(e)),
@@ -121,7 +150,6 @@ struct Server::Impl {
   std::atomic<uint64_t> next_id{1};
 
   void routes();
-  bool authorized(const httplib::Request& req) const;
   void reply(const JobPtr& job, bool stream, Format format, httplib::Response& res);
   void post_schema(const httplib::Request& req, httplib::Response& res);
   void post_prompt(const httplib::Request& req, httplib::Response& res);
@@ -134,14 +162,30 @@ struct Server::Impl {
   }
 };
 
-bool Server::Impl::authorized(const httplib::Request& req) const {
-  if (options.api_key.empty() || req.path == "/health") return true;
-  const std::string header = req.get_header_value("Authorization");
-  if (header == "Bearer " + options.api_key) return true;
-  if (req.get_header_value("X-API-Key") == options.api_key) return true;
-  // The playground page is opened by a browser, which cannot add a header: /?api_key=KEY.
-  return req.path == "/" && req.get_param_value("api_key") == options.api_key;
+namespace {
+
+// The headers the guard reads (http_guard.hpp); a header sent more than once is joined with
+// ", ", which no rule accepts.
+GuardRequest guard_request(const httplib::Request& req) {
+  GuardRequest g;
+  g.method = req.method;
+  g.path = req.path;
+  const auto header = [&req](const char* name) -> std::optional<std::string> {
+    const std::size_t n = req.get_header_value_count(name);
+    if (n == 0) return std::nullopt;
+    std::string value = req.get_header_value(name, 0);
+    for (std::size_t i = 1; i < n; ++i) value += ", " + req.get_header_value(name, i);
+    return value;
+  };
+  g.host = header("Host");
+  g.origin = header("Origin");
+  g.content_type = header("Content-Type");
+  g.authorization = header("Authorization");
+  g.x_api_key = header("X-API-Key");
+  return g;
 }
+
+}  // namespace
 
 void Server::Impl::reply(const JobPtr& job, bool stream, Format format, httplib::Response& res) {
   job->arrival_ms = now_ms();
@@ -265,6 +309,7 @@ void Server::Impl::post_prompt(const httplib::Request& req, httplib::Response& r
   job->prompt = std::move(request.prompt);
   job->use_cache = request.use_cache;
   job->recompute = request.recompute;
+  resolve_within_context(*engine, job->prompt, job->use_cache);  // errors before queueing
   const bool stream = request.stream;
   const bool use_cache = job->use_cache;
   Format f;
@@ -284,15 +329,7 @@ void Server::Impl::post_prompt(const httplib::Request& req, httplib::Response& r
 
 std::vector<TokenId> Server::Impl::plain_ids(const std::vector<pml::Turn>& turns) const {
   const int64_t limit = engine->model().config().max_position_embeddings;
-  for (const pml::Turn& turn : turns) {
-    // A text too heavy to be `limit` tokens is refused before it is tokenized.
-    if (pml::cannot_fit(turn.text, static_cast<std::size_t>(limit))) {
-      throw Error(
-          ErrorKind::kContextOverflow,
-          "the prompt is longer than the model's context of " + std::to_string(limit) + " tokens",
-          turn.where);
-    }
-  }
+  check_turns_fit(turns, limit);
   std::vector<TokenId> ids = encode_chat(engine->tokenizer(), engine->chat_template(), turns);
   if (ids.empty()) throw Error(ErrorKind::kPrompt, "the prompt has no tokens");
   if (static_cast<int64_t>(ids.size()) > limit) {
@@ -312,6 +349,7 @@ void Server::Impl::post_openai(const httplib::Request& req, httplib::Response& r
     job->prompt = std::move(*request.prompt);
     job->use_cache = request.use_cache;
     job->recompute = request.recompute;
+    resolve_within_context(*engine, job->prompt, job->use_cache);  // errors before queueing
   } else {
     // Tokenized and held to the context here, in the request's own thread: the scheduler gets
     // ids that fit.
@@ -359,16 +397,53 @@ void Server::Impl::routes() {
   http.set_read_timeout(std::chrono::seconds(10));
   http.set_write_timeout(std::chrono::seconds(30));
   http.set_keep_alive_timeout(5);
-  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
-    res.set_header("WWW-Authenticate", "Bearer");
-    send_json(res, 401,
-              error_json("a valid API key is required: send \"Authorization: Bearer KEY\"",
-                         "authentication_error"));
+  // Host, Origin, the API key and the POST content type, checked on the headers before the
+  // body is read (http_guard.hpp).
+  const auto guard = std::make_shared<const GuardOptions>(make_guard_options(
+      options.host, options.allowed_origins, options.allowed_hosts, options.api_key));
+  http.set_pre_routing_handler([this, guard](const httplib::Request& req, httplib::Response& res) {
+    const GuardDecision d = check_request(*guard, guard_request(req));
+    for (const auto& [name, value] : d.headers) res.set_header(name, value);
+    if (d.status > 0 && d.status < 400) {
+      res.status = d.status;  // a preflight's 204
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    json error;
+    if (d.status >= 400) {
+      res.status = d.status;
+      error = error_json(d.message, d.error_type);
+    } else if (const std::optional<LimitError> too_large =
+                   body_size_refusal(req, options.max_body_bytes)) {
+      // Before the body is read: cpp-httplib would read a chunked body of any size, and drain
+      // an announced one before its own 413.
+      res.status = too_large->status;
+      error = error_json(*too_large);
+      if (!too_large->limit.empty()) metrics.count_refused(too_large->limit);
+    } else {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    const auto body = std::make_shared<const std::string>(dump(error));
+    const bool unread_body =
+        req.has_header("Transfer-Encoding") ||
+        (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
+    if (!unread_body) {
+      res.set_content(*body, "application/json");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    // The refused request's body is not read. Were the connection kept, httplib would read that
+    // body as the next request: a page could send a request inside a text/plain body past the
+    // Origin check. A content provider that reports failure once it wrote the whole answer makes
+    // httplib close the connection after the answer.
+    res.set_header("Connection", "close");
+    res.set_content_provider(body->size(), "application/json",
+                             [body](size_t offset, size_t length, httplib::DataSink& sink) {
+                               sink.write(body->data() + offset, length);
+                               return false;
+                             });
     return httplib::Server::HandlerResponse::Handled;
   });
   http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (res.status == 413 && res.body.empty()) {
+    if (res.status == 413 && res.body.empty() && !res.content_provider_) {
       metrics.count_refused("max_body_bytes");
       send_json(res, 413,
                 error_json(LimitError(413, "max_body_bytes",

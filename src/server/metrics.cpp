@@ -148,6 +148,14 @@ std::string Metrics::render(const Gauges& gauges) const {
       t.hits, t.misses, t.promotions, t.file_loads, t.recompiles, t.evictions, t.shared,
       t.host_bytes, t.device_bytes, t.host_spans, t.device_spans, t.max_host_bytes,
       t.max_device_bytes);
+  out += fmt::format(
+      "# HELP promptcache_states_rejected_total Stored states that failed their checks and were "
+      "compiled again instead of served: Redis values (MAC, format, dtype or shape) and states "
+      "files (checksums, or made for another schema version, model or setting).\n"
+      "# TYPE promptcache_states_rejected_total counter\n"
+      "promptcache_states_rejected_total{{source=\"redis\"}} {}\n"
+      "promptcache_states_rejected_total{{source=\"file\"}} {}\n",
+      t.remote_rejected, t.file_rejected);
   out +=
       "# HELP promptcache_refused_total Requests refused by a size or budget limit, by limit.\n"
       "# TYPE promptcache_refused_total counter\n";

@@ -146,8 +146,8 @@ std::vector<pml::Turn> chat_turns(const json& body, const RequestLimits& limits)
     } else if (role == "assistant") {
       turn.role = pml::ChatRole::kAssistant;
     } else {
-      throw bad(where + ".role " + preview(m["role"]) +
-                " is not supported (system, developer, user, assistant)");
+      throw bad(where + ".role '" + (role.size() > 40 ? role.substr(0, 40) + "..." : role) +
+                "' is not supported (system, developer, user, assistant)");
     }
     turn.text = pml::compact_whitespace(content_text(m["content"], where + ".content", limits));
     turn.where = request_at(where);
@@ -237,19 +237,6 @@ std::vector<pml::ModuleRef> module_refs(const json& list, const RequestLimits& l
   return top;
 }
 
-// The element nesting of a schema tree, without recursion.
-std::size_t schema_depth(const pml::Node& root) {
-  std::size_t deepest = 0;
-  std::vector<std::pair<const pml::Node*, std::size_t>> stack{{&root, 1}};
-  while (!stack.empty()) {
-    const auto [node, depth] = stack.back();
-    stack.pop_back();
-    deepest = std::max(deepest, depth);
-    for (const pml::Node& child : node->children) stack.push_back({&child, depth + 1});
-  }
-  return deepest;
-}
-
 std::size_t prompt_depth(const std::vector<pml::ModuleRef>& refs) {
   std::size_t deepest = 1;
   std::vector<std::pair<const pml::ModuleRef*, std::size_t>> stack;
@@ -264,6 +251,18 @@ std::size_t prompt_depth(const std::vector<pml::ModuleRef>& refs) {
 }
 
 }  // namespace
+
+std::size_t schema_depth(const pml::Node& root) {
+  std::size_t deepest = 0;
+  std::vector<std::pair<const pml::Node*, std::size_t>> stack{{&root, 1}};
+  while (!stack.empty()) {
+    const auto [node, depth] = stack.back();
+    stack.pop_back();
+    deepest = std::max(deepest, depth);
+    for (const pml::Node& child : node->children) stack.push_back({&child, depth + 1});
+  }
+  return deepest;
+}
 
 json parse_json_body(std::string_view text, const RequestLimits& limits) {
   if (text.size() > limits.max_body_bytes) {
@@ -425,6 +424,37 @@ CompletionRequest parse_completion_request(std::string_view text, bool chat,
   return out;
 }
 
+std::size_t invalid_utf8_at(std::string_view s) {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    std::size_t n = 0;
+    uint32_t cp = 0, min = 0;
+    if ((c & 0xE0) == 0xC0) {
+      n = 1, cp = c & 0x1F, min = 0x80;
+    } else if ((c & 0xF0) == 0xE0) {
+      n = 2, cp = c & 0x0F, min = 0x800;
+    } else if ((c & 0xF8) == 0xF0) {
+      n = 3, cp = c & 0x07, min = 0x10000;
+    } else {
+      return i;  // a continuation byte or 0xF8..0xFF where a character starts
+    }
+    if (i + n >= s.size()) return i;  // cut short at the end
+    for (std::size_t k = 1; k <= n; ++k) {
+      const auto b = static_cast<unsigned char>(s[i + k]);
+      if ((b & 0xC0) != 0x80) return i;
+      cp = (cp << 6) | (b & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
+    i += n + 1;
+  }
+  return std::string_view::npos;
+}
+
 std::string media_type(std::string_view content_type) {
   const auto semicolon = content_type.find(';');
   std::string_view type = pml::trim(content_type.substr(0, semicolon));
@@ -437,7 +467,15 @@ std::string media_type(std::string_view content_type) {
 
 std::string schema_xml_from_body(std::string_view body, std::string_view content_type,
                                  const RequestLimits& limits) {
-  if (media_type(content_type) != "application/json") return std::string(body);
+  if (media_type(content_type) != "application/json") {
+    // JSON strings are checked by the JSON parser; an XML body here (pugixml does not check):
+    // a name with invalid bytes could never be named again in a URL or a prompt.
+    const std::size_t bad_at = invalid_utf8_at(body);
+    if (bad_at != std::string_view::npos) {
+      throw bad("the schema is not valid UTF-8 (byte " + std::to_string(bad_at) + ")");
+    }
+    return std::string(body);
+  }
   const json parsed = parse_json_body(body, limits);
   if (!parsed.contains("xml") || !parsed["xml"].is_string()) {
     throw bad("a JSON body must hold the schema as {\"xml\": \"<schema ...>\"}");

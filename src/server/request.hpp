@@ -97,6 +97,14 @@ std::string schema_xml_from_body(std::string_view body, std::string_view content
 pml::Schema parse_posted_schema(const std::string& xml, const pml::SrcResolver& files,
                                 const RequestLimits& limits);
 
+// The offset of the first byte of `text` that does not begin a well-formed UTF-8 character (no
+// overlong forms, no surrogates, nothing past U+10FFFF), or npos when all of it is well formed.
+std::size_t invalid_utf8_at(std::string_view text);
+
+// The element nesting of a schema tree (the <schema> root is 1; text counts as a level), walked
+// without recursion.
+std::size_t schema_depth(const pml::Node& root);
+
 // The media type of a Content-Type value, lower-cased, without parameters and spaces:
 // "Application/JSON; charset=utf-8" -> "application/json".
 std::string media_type(std::string_view content_type);

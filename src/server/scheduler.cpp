@@ -46,6 +46,32 @@ Event internal_error_event(const std::exception& e) {
 
 }  // namespace
 
+void check_turns_fit(const std::vector<pml::Turn>& turns, int64_t limit) {
+  for (const pml::Turn& turn : turns) {
+    if (pml::cannot_fit(turn.text, static_cast<std::size_t>(limit))) {
+      throw Error(ErrorKind::kContextOverflow,
+                  "the prompt's text is longer than the model's context of " +
+                      std::to_string(limit) + " tokens",
+                  turn.where);
+    }
+  }
+}
+
+pml::ResolvedPrompt resolve_within_context(const Engine& engine, const pml::Prompt& prompt,
+                                           bool use_cache) {
+  const int64_t limit = engine.model().config().max_position_embeddings;
+  check_turns_fit(prompt.turns, limit);
+  pml::ResolvedPrompt resolved = engine.resolve(prompt);
+  const std::size_t needed = use_cache ? resolved.next_position() : resolved.baseline.size();
+  if (static_cast<int64_t>(needed) > limit) {
+    throw Error(ErrorKind::kContextOverflow,
+                "the prompt needs positions up to " + std::to_string(needed - 1) +
+                    " but the model's context is " + std::to_string(limit),
+                resolved.where);
+  }
+  return resolved;
+}
+
 Scheduler::Scheduler(Engine& engine, Metrics& metrics, SchedulerOptions options)
     : engine_(engine),
       metrics_(metrics),
@@ -210,36 +236,29 @@ void Scheduler::loop() {
     }
     // Every prompt at the front of the queue that the batch has room for joins it now (before the
     // next decode step).
+    // A job stays in the queue until it is admitted (so --max-queue counts it while it waits).
     for (;;) {
       JobPtr job;
       {
         std::lock_guard<std::mutex> lock(mutex_);
         if (stopping_ || queue_.empty()) break;
         job = queue_.front();
-        queue_.pop_front();
       }
       bool admitted = true;
       try {
         // A delete is quick and safe beside running requests (they keep the schema's states).
         if (job->kind == Job::Kind::kDelete) {
           run_delete(*job);
-          continue;
+        } else {
+          admitted = admit(job);
         }
-        admitted = admit(job);
       } catch (const std::exception& e) {
         job->channel.push(internal_error_event(e));  // a bug or no memory
       }
-      if (!admitted) {  // no room until rows finish: it stays first in line
-        {
-          std::lock_guard<std::mutex> lock(mutex_);
-          if (!stopping_) {
-            queue_.push_front(std::move(job));
-            break;
-          }
-        }
-        job->channel.push(shutting_down_event());
-        break;
-      }
+      if (!admitted) break;  // no room until rows finish: it stays first in line
+      std::lock_guard<std::mutex> lock(mutex_);
+      // stop() may have taken the queue (and refused the job) meanwhile.
+      if (!queue_.empty() && queue_.front() == job) queue_.pop_front();
     }
     if (!batch_->empty()) step();
   }
@@ -256,14 +275,20 @@ void Scheduler::compile_loop() {
       compiles_.pop_front();
       compiling_ = job;
     }
+    Event last;
     try {
-      run_compile(*job);
+      last = run_compile(*job);
     } catch (const std::exception& e) {
       // run_compile reports its own errors; this is what escaped it (a bug or no memory).
-      job->channel.push(internal_error_event(e));
+      last = internal_error_event(e);
     }
-    std::lock_guard<std::mutex> lock(mutex_);
-    compiling_ = nullptr;
+    {
+      // Done before its client hears of it: a client that posts its next schema at once finds
+      // no compile running.
+      std::lock_guard<std::mutex> lock(mutex_);
+      compiling_ = nullptr;
+    }
+    job->channel.push(std::move(last));
   }
 }
 
@@ -311,14 +336,7 @@ void Scheduler::accept(Job& job) {
     }
     ev.prompt_tokens = static_cast<int64_t>(job.ids.size());
   } else {
-    const pml::ResolvedPrompt resolved = engine_.resolve(job.prompt);
-    const std::size_t needed = job.use_cache ? resolved.next_position() : resolved.baseline.size();
-    if (static_cast<int64_t>(needed) > limit) {
-      throw Error(ErrorKind::kContextOverflow,
-                  "the prompt needs positions up to " + std::to_string(needed - 1) +
-                      " but the model's context is " + std::to_string(limit),
-                  resolved.where);
-    }
+    const pml::ResolvedPrompt resolved = resolve_within_context(engine_, job.prompt, job.use_cache);
     ev.prompt_tokens = static_cast<int64_t>(resolved.baseline.size());
   }
   job.channel.push(std::move(ev));
@@ -375,7 +393,7 @@ void Scheduler::step() {
   }
 }
 
-void Scheduler::run_compile(Job& job) {
+Event Scheduler::run_compile(Job& job) {
   const std::string& name = job.schema.name;
   // The compile stops at its next forward once its client is gone, its schema was deleted
   // (run_delete sets `cancelled`) or the server stops.
@@ -415,21 +433,25 @@ void Scheduler::run_compile(Job& job) {
     Event done;
     done.type = Event::Type::kDone;
     done.body = *schema(name);
-    job.channel.push(std::move(done));
+    return done;
   } catch (const LimitError& e) {
     metrics_.count_refused(e.limit);
-    job.channel.push(limit_event(e));
+    return limit_event(e);
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::kCancelled) metrics_.count_cancelled();
-    // The list shows what the engine serves: a schema compiled but not saved (disk full) is
-    // served, so its new layout is listed; one that failed keeps its old version, if any.
-    if (engine_.has_schema(name) && !job.deleted) {
-      publish(name);
-    } else {
+    // A schema that failed to compile is gone from the engine; its old view goes too. One the
+    // engine holds (added but not saved: a full disk; or the old version, kept) is listed as the
+    // engine serves it: never served but unlisted.
+    if (!engine_.has_schema(name) || job.deleted) {
       std::lock_guard<std::mutex> lock(mutex_);
       schemas_.erase(name);
+    } else {
+      try {
+        publish(name);
+      } catch (const Error&) {  // removed meanwhile
+      }
     }
-    job.channel.push(error_event(e));
+    return error_event(e);
   }
 }
 

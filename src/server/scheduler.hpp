@@ -29,6 +29,17 @@
 
 namespace promptcache::server {
 
+// Error(kContextOverflow) for a turn whose text is too heavy to be `limit` tokens with any
+// tokenizer (pml::cannot_fit): refused before it is tokenized.
+void check_turns_fit(const std::vector<pml::Turn>& turns, int64_t limit);
+
+// The prompt resolved against the engine's schemas now and held to the model's context
+// (Error(kContextOverflow); a text too heavy to fit is refused before it is tokenized). The HTTP
+// handler calls it before queueing, in the request's own thread; the scheduler again when the
+// prompt joins the batch (the schema may have been replaced meanwhile).
+pml::ResolvedPrompt resolve_within_context(const Engine& engine, const pml::Prompt& prompt,
+                                           bool use_cache);
+
 struct SchedulerOptions {
   int max_batch = 16;
   std::string cache_dir;  // when set, compiled states are kept there (cache_file_name)
@@ -76,7 +87,8 @@ class Scheduler {
   void accept(Job& job);
   void step();
   void compile_loop();
-  void run_compile(Job& job);
+  // Compiles; returns the job's last event (kDone or kError) for compile_loop to send.
+  Event run_compile(Job& job);
   // Error(429 LimitError) when adding `layout` would pass max_schemas or max_schema_positions.
   void check_schema_budget(const pml::Layout& layout) const;
   void run_delete(Job& job);

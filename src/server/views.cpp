@@ -97,7 +97,7 @@ json error_json(const std::string& message, const std::string& type) {
 
 json error_json(const LimitError& e) {
   json j = error_json(e.what(), e.status == 429 ? "rate_limit_error" : "invalid_request_error");
-  j["error"]["limit"] = e.limit;
+  if (!e.limit.empty()) j["error"]["limit"] = e.limit;
   return j;
 }
 

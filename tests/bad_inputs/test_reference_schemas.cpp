@@ -2,6 +2,7 @@
 // parses (leniently, as lxml's recovery mode takes it), lays out, compiles on a tiny random model
 // and answers a prompt that selects a module of every scope, cached and uncached.
 #include "support/catch_torch.hpp"
+#include "support/test_support.hpp"
 
 #include <algorithm>
 #include <filesystem>
@@ -13,7 +14,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kExamples = PROMPTCACHE_SHARED_DIR "/pml-examples";
+const std::string kExamples = test::shared_dir() + "/pml-examples";
 
 std::vector<std::string> example_schemas() {
   std::vector<std::string> out;

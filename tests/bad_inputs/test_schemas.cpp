@@ -119,10 +119,13 @@ TEST_CASE("bad schemas: refused with kind, file, line and element, and the engin
       {"a module with src and content",
        "<schema name=\"good\">\n  <module name=\"m\" src=\"f.txt\">M</module>\n</schema>",
        {ErrorKind::kSchema, {"bad.xml:2:3:", "has a src file and content"}}},
-      {"a missing src file",
+      // A schema given as text reads no file (pml/src_files.hpp); a missing file of a schema file
+      // is in tests/pml/test_errors.cpp.
+      {"a src in a schema given as text",
        "<schema name=\"good\">\n  Text\n  <module name=\"doc\" "
        "src=\"no-such-file.txt\"/>\n</schema>",
-       {ErrorKind::kIo, {"bad.xml:3:3:", "no-such-file.txt", "<module name=\"doc\">"}}},
+       {ErrorKind::kSchema,
+        {"bad.xml:3:3:", "no-such-file.txt", "is not read", "<module name=\"doc\">"}}},
       {"a schema longer than the model's context (2048)",
        "<schema name=\"good\">\n  Intro.\n  <module name=\"huge\">" + words(700) +
            "</module>\n</schema>",

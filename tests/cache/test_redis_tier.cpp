@@ -29,9 +29,12 @@ SamplingParams greedy() {
   return p;
 }
 
+const std::string kSecret = "test-secret";
+
 EngineOptions with_redis(const std::string& url, int64_t host_bytes = 0) {
   EngineOptions o;
   o.redis_url = url;
+  o.cache_secret = kSecret;
   o.max_host_bytes = host_bytes;
   return o;
 }
@@ -53,9 +56,11 @@ torch::Tensor logits_of(Engine& engine, const std::string& xml) {
 }  // namespace
 
 TEST_CASE("a redis URL is checked", "[cache][redis]") {
-  CHECK_THROWS_WITH(RedisTier::connect("redis://host:port"), Catch::Contains("port"));
-  CHECK_THROWS_WITH(RedisTier::connect("redis://:6379"), Catch::Contains("redis://HOST:PORT"));
-  CHECK_THROWS_WITH(RedisTier::connect("redis://u:p@host:1/0"), Catch::Contains("redis URL"));
+  CHECK_THROWS_WITH(RedisTier::connect("redis://host:port", kSecret), Catch::Contains("port"));
+  CHECK_THROWS_WITH(RedisTier::connect("redis://:6379", kSecret),
+                    Catch::Contains("redis://HOST:PORT"));
+  CHECK_THROWS_WITH(RedisTier::connect("redis://u:p@host:1/0", kSecret),
+                    Catch::Contains("redis URL"));
 }
 
 TEST_CASE("a second engine serves a schema the first compiled into redis, without compiling",
@@ -99,17 +104,19 @@ TEST_CASE("a damaged value in redis is a miss, never served", "[cache][redis]") 
   const auto model_fp = model_fingerprint(first->model());
   const auto keys = span_keys(layout, model_fp, first->model().dtype(), first->model().kv_dtype(),
                               EncodingMode::kScaffold);
-  auto redis = RedisTier::connect(server.url());
+  auto redis = RedisTier::connect(server.url(), kSecret);
   for (const auto& [span, key] : keys) {
-    std::string value = RedisTier::encode(first->store().find("trip", span)->kv);
+    const std::string remote = remote_key(model_fp, layout_fingerprint(layout), span, key);
+    std::string value = RedisTier::encode(remote, first->store().find("trip", span)->kv, kSecret);
     value[value.size() - 1] ^= 0x20;
-    REQUIRE(redis->put_value(remote_key(model_fp, layout_fingerprint(layout), span, key), value));
+    REQUIRE(redis->put_value(remote, value));
   }
   auto second = test::tiny_engine(1, with_redis(server.url()));
   second->add_schema_string(test::kTripSchema);
   CHECK(second->compile_report("trip").source == "compiled");
   CHECK(second->tier_stats().compiled_spans > 0);
   CHECK(second->tier_stats().remote_loads == 0);
+  CHECK(second->tier_stats().remote_rejected == 1);
   for (const auto& prompt : kPrompts) {
     CHECK(second->generate_xml(prompt, greedy()).tokens ==
           first->generate_xml(prompt, greedy()).tokens);

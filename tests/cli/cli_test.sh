@@ -316,6 +316,25 @@ PY
       expect_in "Example" "$work/h"
     done
     ;;
+  src_outside)
+    # A schema file reads src files inside its folder; one leading out is refused (naming the
+    # flag) unless --allow-src-outside is given.
+    tiny
+    mkdir -p "$work/s" "$work/elsewhere"
+    echo "The secret text lives elsewhere." >"$work/elsewhere/doc.txt"
+    ln -s "$work/elsewhere/doc.txt" "$work/s/link.txt"
+    for src in "../elsewhere/doc.txt" "$work/elsewhere/doc.txt" "link.txt"; do
+      printf '<schema name="o"><module name="d" src="%s"/></schema>\n' "$src" >"$work/s/o.xml"
+      "$pc" layout "$work/s/o.xml" --model "$work/tiny" >"$work/o" 2>"$work/e"; rc=$?
+      [ $rc -eq 1 ] || fail "src=$src: exit $rc, want 1"
+      expect_in "o.xml:1:" "$work/e"
+      expect_in "--allow-src-outside" "$work/e"
+      grep -q "secret text" "$work/o" "$work/e" && fail "src=$src: the file was read"
+      "$pc" layout "$work/s/o.xml" --model "$work/tiny" --allow-src-outside >"$work/o" 2>"$work/e" ||
+        fail "src=$src with --allow-src-outside: $(cat "$work/e")"
+      expect_in "secret text" "$work/o"
+    done
+    ;;
   demo)
     "$pc" demo -n 6 >"$work/out.txt" 2>"$work/err" || fail "demo: $(cat "$work/err")"
     expect_in "TTFT with cache" "$work/out.txt"
@@ -392,10 +411,19 @@ PY
     for _ in $(seq 100); do python3 -c "import socket; socket.create_connection(('127.0.0.1',$port))" 2>/dev/null && break; sleep 0.1; done
     tiny
     url="redis://127.0.0.1:$port"
+    # --redis needs the secret its values are sealed with: refused without one, naming the flags.
+    unset PROMPTCACHE_CACHE_SECRET
+    "$pc" compile "$src/schemas/trip.xml" --model "$work/tiny" --redis "$url" >/dev/null 2>"$work/e" && fail "--redis without a secret was accepted"
+    expect_in "--cache-secret-file FILE, --cache-secret S or \$PROMPTCACHE_CACHE_SECRET" "$work/e"
+    "$pc" compile "$src/schemas/trip.xml" --model "$work/tiny" --redis "$url" --cache-secret a --cache-secret-file "$work/e" >/dev/null 2>"$work/e2" && fail "both secret flags were accepted"
+    expect_in "give one of them" "$work/e2"
+    printf 'the-secret \t\nsecond line\n' >"$work/secret"  # the first line, trailing blanks trimmed
+    export PROMPTCACHE_CACHE_SECRET=the-secret
     "$pc" compile "$src/schemas/trip.xml" --model "$work/tiny" --redis "$url" --json >"$work/c.json" 2>"$work/e" || fail "compile --redis: $(cat "$work/e")"
     python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["source"] == "compiled" and j["tiers"]["remote_puts"] > 0, j' "$work/c.json" || fail "compile did not write to Redis: $(cat "$work/c.json")"
+    unset PROMPTCACHE_CACHE_SECRET  # the same secret, from the file
     "$pc" run --model "$work/tiny" --schema "$src/schemas/trip.xml" --prompt "$src/schemas/trip.prompt.xml" \
-      -n 4 --redis "$url" --stats --json >"$work/r.json" 2>"$work/r.err" || fail "run --redis: $(cat "$work/r.err")"
+      -n 4 --redis "$url" --cache-secret-file "$work/secret" --stats --json >"$work/r.json" 2>"$work/r.err" || fail "run --redis: $(cat "$work/r.err")"
     "$pc" run --model "$work/tiny" --schema "$src/schemas/trip.xml" --prompt "$src/schemas/trip.prompt.xml" \
       -n 4 --json >"$work/local.json" 2>"$work/e" || fail "run: $(cat "$work/e")"
     python3 - "$work/r.json" "$work/local.json" "$url" <<'PY' || fail "process 2 compiled, or answered otherwise: $(cat "$work/r.json")"
@@ -404,9 +432,11 @@ r, local = (json.load(open(f)) for f in sys.argv[1:3])
 assert r["schema_source"] == "loaded from " + sys.argv[3], r["schema_source"]
 t = r["tiers"]
 assert t["compiled_spans"] == 0 and t["recompiles"] == 0 and t["remote_loads"] > 0, t
+assert t["remote_rejected"] == 0 and t["file_rejected"] == 0, t
 assert r["token_ids"] == local["token_ids"]
 PY
     grep -q "compiling" "$work/r.err" && fail "process 2 showed a compile progress bar"
+    export PROMPTCACHE_CACHE_SECRET=the-secret
     # --force compiles past Redis and writes every span again.
     "$pc" compile "$src/schemas/trip.xml" --model "$work/tiny" --redis "$url" --json >"$work/c2.json" 2>"$work/e" || fail "compile again: $(cat "$work/e")"
     python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["up_to_date"] and j["tiers"]["compiled_spans"] == 0, j' "$work/c2.json" || fail "a second compile did not load from Redis: $(cat "$work/c2.json")"
@@ -418,6 +448,16 @@ assert forced["source"] == "compiled" and not forced["up_to_date"], forced
 t = forced["tiers"]
 assert t["compiled_spans"] > 0 and t["remote_loads"] == 0, t
 assert t["remote_puts"] == first["tiers"]["remote_puts"], (t, first["tiers"])
+PY
+    # Another secret: the values are refused (one line on stderr even without --stats, counted),
+    # the schema is compiled, the answer is the same.
+    "$pc" run --model "$work/tiny" --schema "$src/schemas/trip.xml" --prompt "$src/schemas/trip.prompt.xml" \
+      -n 4 --redis "$url" --cache-secret other --json >"$work/w.json" 2>"$work/w.err" || fail "run with another secret: $(cat "$work/w.err")"
+    expect_in "failed its check: its MAC does not match" "$work/w.err"
+    python3 - "$work/w.json" "$work/local.json" <<'PY' || fail "another secret's run used the values or answered otherwise: $(cat "$work/w.json")"
+import json, sys
+w, local = (json.load(open(f)) for f in sys.argv[1:3])
+assert w["token_ids"] == local["token_ids"]
 PY
     ;;
   *) fail "unknown case" ;;

@@ -23,6 +23,7 @@ if(NOT TARGET promptcache_fuzz_pml)
     target_compile_options(promptcache_fuzz_${kind} PRIVATE -Wall -Wextra)
   endforeach()
 endif()
-set(PROMPTCACHE_FUZZ_TARGETS schema prompt tokenizer_json sentencepiece safetensors cache_file)
+set(PROMPTCACHE_FUZZ_TARGETS schema prompt tokenizer_json sentencepiece safetensors cache_file
+    redis_value)
 # The server's edge and config.json (LibTorch-free, like the PML and tokenizer targets).
 list(APPEND PROMPTCACHE_FUZZ_TARGETS http_request openai_json posted_pml config_json)

@@ -1,17 +1,20 @@
-// Fuzz entries "safetensors" (SafetensorsFile::open, tensor()) and "cache_file"
-// (load_cache_file against a fixed schema layout and a tiny random model); these link LibTorch.
+// Fuzz entries "safetensors" (SafetensorsFile::open, tensor()), "cache_file" (load_cache_file
+// against a fixed schema layout and a tiny random model) and "redis_value" (RedisTier::decode);
+// these link LibTorch.
 #include <torch/types.h>
 
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "fuzz/fuzz_entries.hpp"
 #include "pml/fake_tokenizer.hpp"
 #include "promptcache/cache/cache_file.hpp"
 #include "promptcache/cache/compiler.hpp"
+#include "promptcache/cache/redis_tier.hpp"
 #include "promptcache/cache/store.hpp"
 #include "promptcache/error.hpp"
 #include "promptcache/model/llama.hpp"
@@ -122,7 +125,49 @@ bool rewrite_with_checksums(const std::string& in, const std::string& out) {
   return true;
 }
 
+// The redis_value target's key and secret, and the dtypes and shapes it decodes as (its seeds
+// are values of these, written by RedisTier::encode).
+const char* const kRedisKey = "promptcache:span:fuzz:0";
+const char* const kRedisSecret = "fuzz-secret";
+
+struct RedisExpectation {
+  const char* seed;
+  torch::Dtype dtype;
+  std::vector<int64_t> shape;
+};
+
+const std::vector<RedisExpectation>& redis_expectations() {
+  static const std::vector<RedisExpectation> e = {
+      {"f32.value", torch::kFloat32, {1, 2, 1, 3, 2}},
+      {"bf16.value", torch::kBFloat16, {2, 2, 2, 1, 4}},
+      {"empty.value", torch::kFloat16, {1, 2, 1, 0, 2}},
+  };
+  return e;
+}
+
+// Decodes `value` as each expectation's states: accepted with exactly that dtype and shape, or
+// refused with promptcache::Error.
+void decode_each(std::string_view value) {
+  for (const RedisExpectation& e : redis_expectations()) {
+    try {
+      const torch::Tensor t = RedisTier::decode(kRedisKey, value, kRedisSecret, e.dtype, e.shape);
+      check(t.scalar_type() == e.dtype && t.sizes().vec() == e.shape && t.is_contiguous(),
+            "a decoded value has another dtype or shape than asked for");
+    } catch (const Error& err) {
+      detail::rejected(err);  // a clean rejection
+    }
+  }
+}
+
 }  // namespace
+
+void redis_value_entry(const std::uint8_t* data, std::size_t size) {
+  const std::string_view value(reinterpret_cast<const char*>(data), size);
+  decode_each(value);
+  // Once more with a valid MAC for the rest of the value, so that mutations get past the MAC to
+  // the dtype, shape and length checks.
+  decode_each(RedisTier::reseal(kRedisKey, value, kRedisSecret));
+}
 
 void safetensors_entry(const std::uint8_t* data, std::size_t size) {
   const detail::ScratchFile input(scratch().file("input.safetensors"), data, size);
@@ -155,8 +200,20 @@ void write_model_seeds(const std::string& corpus_root) {
   namespace fs = std::filesystem;
   const fs::path st = fs::path(corpus_root) / "safetensors";
   const fs::path cf = fs::path(corpus_root) / "cache_file";
+  const fs::path rv = fs::path(corpus_root) / "redis_value";
   fs::create_directories(st);
   fs::create_directories(cf);
+  fs::create_directories(rv);
+
+  // redis values: one per expectation of the redis_value target, sealed with its key and secret.
+  for (const RedisExpectation& e : redis_expectations()) {
+    int64_t n = 1;
+    for (int64_t d : e.shape) n *= d;
+    const torch::Tensor block =
+        (torch::arange(n, torch::kFloat64) * 0.25 - 1).to(e.dtype).reshape(e.shape);
+    const std::string value = RedisTier::encode(kRedisKey, block, kRedisSecret);
+    detail::write_bytes((rv / e.seed).string(), value.data(), value.size());
+  }
 
   // safetensors: every dtype, empty and scalar shapes, metadata; one tensor without metadata;
   // an empty file; a hand-written header that is not padded (misaligned data).

@@ -133,19 +133,6 @@ void check_prompt(const server::PromptRequest& r, const RequestLimits& limits) {
                     static_cast<std::size_t>(limits.max_pml_depth) - 1);
 }
 
-// Element nesting of a schema (the root <schema> is 1), without recursion.
-std::size_t schema_depth(const pml::Node& root) {
-  std::size_t deepest = 0;
-  std::vector<std::pair<const pml::Node*, std::size_t>> stack{{&root, 1}};
-  while (!stack.empty()) {
-    const auto [node, depth] = stack.back();
-    stack.pop_back();
-    deepest = std::max(deepest, depth);
-    for (const pml::Node& child : node->children) stack.push_back({&child, depth + 1});
-  }
-  return deepest;
-}
-
 // Every node of a schema, without recursion.
 std::vector<const pml::Node*> all_nodes(const pml::Node& root) {
   std::vector<const pml::Node*> out;
@@ -293,7 +280,7 @@ void http_request_entry(const std::uint8_t* data, std::size_t size) {
         if (as_json) check(body.size() <= limits.max_body_bytes, "a body over max_body_bytes");
         const pml::Schema schema =
             server::parse_posted_schema(xml, pml::NoSrcFiles("posted"), limits);
-        check(schema_depth(schema.root) <= static_cast<std::size_t>(limits.max_pml_depth),
+        check(server::schema_depth(schema.root) <= static_cast<std::size_t>(limits.max_pml_depth),
               "a schema nested deeper than max_pml_depth accepted");
         check_no_files(schema);
         break;

@@ -71,10 +71,15 @@ void safetensors_entry(const std::uint8_t* data, std::size_t size);
 // tiny random model; then once more with the file's checksums recomputed, so that mutations get
 // past the checksum checks to the shape checks.
 void cache_file_entry(const std::uint8_t* data, std::size_t size);
+// "redis_value": the bytes as a value read from the Redis tier -> RedisTier::decode under a fixed
+// key and secret, as a few fixed dtypes and shapes; then once more with the value's MAC
+// recomputed (RedisTier::reseal), so that mutations get past the MAC to the checks behind it.
+void redis_value_entry(const std::uint8_t* data, std::size_t size);
 
 // Writes the generated (binary) seeds into corpus_root/<target>/: tokenizer.json and
 // tokenizer.model files (write_tokenizer_seeds), safetensors and cache files (write_model_seeds,
-// with the library's own writers and the cache_file target's fixed schema and model).
+// with the library's own writers and the cache_file target's fixed schema and model; redis values
+// with RedisTier::encode).
 void write_tokenizer_seeds(const std::string& corpus_root);
 void write_model_seeds(const std::string& corpus_root);
 

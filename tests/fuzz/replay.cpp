@@ -48,6 +48,7 @@ const Target kTargets[] = {
     {"sentencepiece", promptcache::fuzz::sentencepiece_entry},
     {"safetensors", promptcache::fuzz::safetensors_entry},
     {"cache_file", promptcache::fuzz::cache_file_entry},
+    {"redis_value", promptcache::fuzz::redis_value_entry},
 };
 
 // Every regular file under the paths (folders recursively), sorted; missing folders are empty.

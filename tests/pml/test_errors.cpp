@@ -1,6 +1,7 @@
 // The bad-input catalogue: every case asserts the exact ErrorKind and that the message names
 // the file, the line and the element.
 #include "support/catch.hpp"
+#include "support/test_support.hpp"
 
 #include "pml/fake_tokenizer.hpp"
 #include "promptcache/pml/layout.hpp"
@@ -132,9 +133,11 @@ TEST_CASE("errors: bad schemas", "[pml][errors]") {
       {"src and content",
        "<schema name=\"s\">\n  <module name=\"m\" src=\"f.txt\">M</module>\n</schema>",
        ErrorKind::kSchema, 2, "<module name=\"m\">"},
-      {"missing src file",
+      // A schema given as text reads no file (src_files.hpp); a missing file of a schema file is
+      // below.
+      {"src in a schema given as text",
        "<schema name=\"s\">\n  Text\n  <module name=\"doc\" src=\"no-such-file.txt\"/>\n</schema>",
-       ErrorKind::kIo, 3, "<module name=\"doc\">"},
+       ErrorKind::kSchema, 3, "<module name=\"doc\">"},
       {"schema nested in schema",
        "<schema name=\"s\">\n  <module name=\"m\">\n    <schema name=\"t\">x</schema>\n  "
        "</module>\n</schema>",
@@ -174,7 +177,7 @@ TEST_CASE("layout: a scaffold longer than its parameter is cut to the slot", "[p
 }
 
 TEST_CASE("errors: a missing src file in a schema file names the schema file", "[pml][errors]") {
-  const std::string path = PROMPTCACHE_SOURCE_DIR "/tests/pml/fixtures/missing_src.xml";
+  const std::string path = test::source_dir() + "/tests/pml/fixtures/missing_src.xml";
   expect_error([&] { parse_schema_file(path); },
                {"missing src", "", ErrorKind::kIo, 3, "<module name=\"doc\">"}, path);
   expect_error([&] { parse_schema_file(path + ".absent"); },

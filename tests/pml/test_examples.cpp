@@ -2,6 +2,7 @@
 // tokenizer and (when present) the real stories260K SentencePiece tokenizer; plus the pass
 // structure the cache compiler relies on, whitespace compaction, templates, src files, render.
 #include "support/catch.hpp"
+#include "support/test_support.hpp"
 
 #include <dirent.h>
 
@@ -21,8 +22,8 @@ using pml_test::FakeTokenizer;
 
 namespace {
 
-const std::string kExamples = PROMPTCACHE_SHARED_DIR "/pml-examples";
-const std::string kRealTokenizer = PROMPTCACHE_SHARED_DIR "/models/stories260K/tokenizer.model";
+const std::string kExamples = test::shared_dir() + "/pml-examples";
+const std::string kRealTokenizer = test::shared_dir() + "/models/stories260K/tokenizer.model";
 
 std::vector<std::string> example_files() {
   std::vector<std::string> out;
@@ -221,7 +222,7 @@ TEST_CASE("whitespace: edges compact to one space, the inside is untouched", "[p
 }
 
 TEST_CASE("src: module text comes from a file next to the schema", "[pml][src]") {
-  const Schema s = parse_schema_file(PROMPTCACHE_SOURCE_DIR "/tests/pml/fixtures/with_src.xml");
+  const Schema s = parse_schema_file(test::source_dir() + "/tests/pml/fixtures/with_src.xml");
   FakeTokenizer tok;
   const Layout l = layout(s, tok, plain_template());
   const ModuleLayout& doc = l.module("doc");

@@ -1,11 +1,13 @@
 // The playground page in headless Chromium: fill in the example schema, compile it, run the
-// composed prompt cached and uncached, read both answers and TTFTs, save a screenshot.
-//   node playground_e2e.js URL CHROMIUM SCREENSHOT
+// composed prompt cached and uncached, read both answers and TTFTs, save a screenshot. With KEY
+// (a server started with that API key): the page first asks for the key, refuses a wrong one,
+// keeps the right one for the tab and never puts it in a URL.
+//   node playground_e2e.js URL CHROMIUM SCREENSHOT [KEY]
 // Exits non-zero with a message when something on the page is missing or wrong.
 "use strict";
 const { chromium } = require("playwright-core");
 
-const [url, executablePath, screenshot] = process.argv.slice(2);
+const [url, executablePath, screenshot, key] = process.argv.slice(2);
 
 function fail(message) {
   console.error("FAIL: " + message);
@@ -24,6 +26,30 @@ function fail(message) {
     page.on("request", (r) => requests.push(r.url()));
     page.on("pageerror", (e) => fail("page error: " + e.message));
     await page.goto(url);
+    if (key) {
+      await page.waitForSelector("#key-prompt", { state: "visible", timeout: 30000 });
+      const ask = await page.textContent("#key-prompt");
+      if (!/API key/.test(ask)) fail("the key prompt does not ask for the API key: " + ask);
+      await page.fill("#api-key", "not-the-key");
+      await page.press("#api-key", "Enter");
+      await page.waitForFunction(() => /refused/.test(document.querySelector("#key-prompt").textContent),
+                                 null, { timeout: 30000 });
+      await page.fill("#api-key", key);
+      await page.press("#api-key", "Enter");
+      await page.waitForSelector("#key-prompt", { state: "hidden", timeout: 30000 });
+      // Kept for the tab: a reload needs no second entry.
+      await page.reload();
+      await page.waitForLoadState("networkidle");
+      if (await page.isVisible("#key-prompt")) fail("the key is asked for again after a reload");
+      if (await page.inputValue("#api-key") !== key) fail("the key was not kept for the tab");
+      // An old ?api_key= link: the key leaves the address bar and is not used.
+      await page.goto(url + "?api_key=" + key);
+      await page.waitForLoadState("networkidle");
+      if (page.url().includes(key)) fail("the key stays in the address bar: " + page.url());
+    } else {
+      await page.waitForLoadState("networkidle");
+      if (await page.isVisible("#key-prompt")) fail("a key is asked for by a server without one");
+    }
     await page.click("#example");
     await page.click("#compile");
     // The layout table fills once the compile stream ends: the root and four modules.
@@ -64,6 +90,10 @@ function fail(message) {
     const origin = new URL(url).origin;
     const foreign = requests.filter((r) => !r.startsWith(origin));
     if (foreign.length) fail("the page fetched from elsewhere: " + foreign.join(", "));
+    if (key) {
+      const leaked = requests.filter((r) => r.includes(key) && !r.includes("?api_key="));
+      if (leaked.length) fail("the key was put in a URL: " + leaked.join(", "));
+    }
     await page.screenshot({ path: screenshot, fullPage: true });
     console.log("screenshot: " + screenshot);
   } finally {

@@ -32,15 +32,29 @@ cleanup() { [ -n "$server" ] && kill "$server" 2>/dev/null; wait 2>/dev/null; rm
 trap cleanup EXIT
 "$pc" make-model --shape tiny --seed 0 --out "$work/tiny" >/dev/null 2>"$work/make.err" ||
   { echo "FAIL: make-model: $(cat "$work/make.err")"; exit 1; }
-"$pc" serve --model "$work/tiny" --port 0 2>"$work/serve.log" &
-server=$!
-port=""
-for _ in $(seq 600); do
-  port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\)/.*|\1|p' "$work/serve.log")
-  [ -n "$port" ] && break
-  kill -0 "$server" 2>/dev/null || { echo "FAIL: the server exited:"; cat "$work/serve.log"; exit 1; }
-  sleep 0.1
-done
-[ -n "$port" ] || { echo "FAIL: the server did not start:"; cat "$work/serve.log"; exit 1; }
+# Starts `serve` with the given extra flags on a free port; sets $server and $port.
+start_server() {
+  "$pc" serve --model "$work/tiny" --port 0 "$@" 2>"$work/serve.log" &
+  server=$!
+  port=""
+  for _ in $(seq 600); do
+    port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\)/.*|\1|p' "$work/serve.log")
+    [ -n "$port" ] && return 0
+    kill -0 "$server" 2>/dev/null || { echo "FAIL: the server exited:"; cat "$work/serve.log"; exit 1; }
+    sleep 0.1
+  done
+  echo "FAIL: the server did not start:"; cat "$work/serve.log"; exit 1
+}
+stop_server() { kill "$server" 2>/dev/null; wait "$server" 2>/dev/null; server=""; }
+
+# Without a key: the page works as it is.
+start_server
 NODE_PATH="$prefix/node_modules" node "$here/playground_e2e.js" "http://127.0.0.1:$port/" \
-  "$chrome" "$screenshot"
+  "$chrome" "$screenshot" || exit 1
+stop_server
+# With a key (from a file): the page asks for it, keeps it in the tab and sends it in a header.
+key="e2e-$RANDOM$RANDOM-key"
+printf '%s\n' "$key" >"$work/key"
+start_server --api-key-file "$work/key"
+NODE_PATH="$prefix/node_modules" node "$here/playground_e2e.js" "http://127.0.0.1:$port/" \
+  "$chrome" "${screenshot%.png}-key.png" "$key"

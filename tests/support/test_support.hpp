@@ -29,11 +29,14 @@ class TempDir {
   std::filesystem::path path_;
 };
 
+// Defined in tests/catch_main.cpp, the one unit compiled with the checkout's absolute paths.
+const char* source_dir_path();
+const char* shared_dir_path();
 inline std::string shared_dir() {
-  return PROMPTCACHE_SHARED_DIR;
+  return shared_dir_path();
 }
 inline std::string source_dir() {
-  return PROMPTCACHE_SOURCE_DIR;
+  return source_dir_path();
 }
 inline std::string stories260k_dir() {
   return shared_dir() + "/models/stories260K";

@@ -62,7 +62,13 @@ struct TierStats {
   int64_t recompiles = 0;      // of the misses, spans found in no tier and compiled again
   int64_t evictions = 0;       // spans dropped from a tier (device or host) over its budget
   int64_t shared = 0;          // spans a schema added found already stored (another schema's)
-  int64_t keys = 0;            // distinct spans known (stored in some tier or not)
+  // Stored states that failed their checks and were not used (compiled again instead), each
+  // reported on stderr: values in the remote store (MAC, format, dtype or shape: an attempt to
+  // inject states, another --cache-secret, a value of an earlier version), and states files
+  // (a schema's file that is corrupt or stale when it is added, a span re-read from one).
+  int64_t remote_rejected = 0;
+  int64_t file_rejected = 0;
+  int64_t keys = 0;  // distinct spans known (stored in some tier or not)
   int64_t host_spans = 0, host_bytes = 0;
   int64_t device_spans = 0, device_bytes = 0;
   int64_t max_host_bytes = 0, max_device_bytes = 0;
@@ -117,6 +123,9 @@ class SpanStore {
   uint64_t resident_id(const std::string& key) const;
 
   TierStats stats() const;
+  // Counts a states file that failed its checks (TierStats::file_rejected): the engine's, when
+  // a schema's file is refused as it is added (the store counts the spans it re-reads itself).
+  void count_file_rejected();
   bool budgeted() const { return budgets_.host_bytes > 0 || budgets_.device_bytes > 0; }
   // The model's fingerprint (computed on first use, one short forward).
   const std::string& model_fingerprint();

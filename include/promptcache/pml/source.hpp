@@ -181,10 +181,10 @@ class XmlSource {
   static constexpr std::size_t kMaxWarnings = 100;
 
   // Parses text (pugixml parse_default | parse_ws_pcdata: whitespace-only text nodes are kept,
-  // comments and declarations are skipped) after repair_stray_markup(text, repair) has escaped
-  // the '<' and '&' that start no markup (lenient.hpp); each becomes a warning. Lines, columns
-  // and offsets everywhere refer to the text as given. Error(kXmlSyntax) with line:column on
-  // malformed XML.
+  // comments and declarations are skipped; a DOCTYPE that declares anything is refused) after
+  // repair_stray_markup(text, repair) has escaped the '<' and '&' that start no markup
+  // (lenient.hpp); each becomes a warning. Lines, columns and offsets everywhere refer to the text
+  // as given. Error(kXmlSyntax) with line:column on malformed XML.
   XmlSource(std::string text, std::string origin, const RepairOptions& repair = {})
       : text_(std::move(text)), origin_(std::move(origin)) {
     std::size_t pos = 0;
@@ -206,9 +206,9 @@ class XmlSource {
                   at_offset_original(offset, element_before(offset)));
     }
     // pugixml parses the repaired copy in place: no third copy of a large document.
-    const pugi::xml_parse_result result =
-        doc_.load_buffer_inplace(repaired_.text.data(), repaired_.text.size(),
-                                 pugi::parse_default | pugi::parse_ws_pcdata, pugi::encoding_utf8);
+    const pugi::xml_parse_result result = doc_.load_buffer_inplace(
+        repaired_.text.data(), repaired_.text.size(),
+        pugi::parse_default | pugi::parse_ws_pcdata | pugi::parse_doctype, pugi::encoding_utf8);
     if (!result) {
       const std::ptrdiff_t offset = original_offset(result.offset);
       throw Error(ErrorKind::kXmlSyntax, std::string("malformed XML: ") + result.description(),
@@ -342,6 +342,15 @@ class XmlSource {
     pugi::xml_node node = doc_.first_child();
     while (node) {
       if (node.type() == pugi::node_element) check_unique_attributes(node);
+      if (node.type() == pugi::node_doctype &&
+          std::string_view(node.value()).find('[') != std::string_view::npos) {
+        // pugixml never expands what a DOCTYPE declares: "&name;" would stay in the text as it
+        // is written, so a document that declares entities is refused rather than misread.
+        throw Error(ErrorKind::kXmlSyntax,
+                    "a DOCTYPE with declarations (entities, elements) is not supported in PML; "
+                    "write the text itself",
+                    at(node));
+      }
       if (node.type() == pugi::node_element && node.first_child()) {
         if (++depth > kMaxDepth) {
           throw Error(ErrorKind::kXmlSyntax,

@@ -39,6 +39,17 @@ struct ServerOptions {
   std::size_t max_compiles = 2;                     // compiles waiting or running
   std::size_t max_schemas = 64;                     // schemas registered
   int64_t max_schema_positions = int64_t{1} << 20;  // their reserved positions, summed
+
+  // Browsers and names (http_guard.hpp)
+  // api_key (above) is read from "Authorization: Bearer KEY" or "X-API-Key: KEY" only and
+  // compared in constant time; /health and the static playground page at / need none.
+  // Requests with an Origin header are refused (403) unless it is the server's own origin or
+  // listed here ("scheme://host[:port]"; "*": any origin; "null": pages without an origin);
+  // allowed origins get CORS headers. Entries may be comma lists.
+  std::vector<std::string> allowed_origins;
+  // Host header names accepted besides the bound address, localhost, 127.0.0.1 and [::1] (and any
+  // IP literal when bound to 0.0.0.0 or ::): "name" or "name:port"; "*": any. Others get 403.
+  std::vector<std::string> allowed_hosts;
 };
 
 class Server {
