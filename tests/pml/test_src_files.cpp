@@ -126,7 +126,8 @@ TEST_CASE("src files: the decision is made on the parsed attribute, however it i
   }
 }
 
-TEST_CASE("src files: strings read no files; kAnywhere reads what the user named", "[pml][src]") {
+TEST_CASE("src files: strings read no files, and kAnywhere reads what the user named",
+          "[pml][src]") {
   Tree t;
   refused(NoSrcFiles(), "inside.txt");
   const std::string canary = (t.outside / "canary.txt").string();

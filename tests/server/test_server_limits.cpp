@@ -69,7 +69,7 @@ std::unique_ptr<Engine> slow_compile_engine() {
 
 }  // namespace
 
-TEST_CASE("serve limits: a posted schema reads no file; --schema-root reads only inside it",
+TEST_CASE("serve limits: a posted schema reads no file, and with --schema-root only inside it",
           "[server][security]") {
   TempDir dir("promptcache-root");
   const auto root = dir.path() / "root";

@@ -834,9 +834,13 @@ def sizes_cases(suite):
                 expect_error(srv.post_json("/v1/prompt", body, timeout=30), status=400)
             except CaseFailure as e:
                 fails.append("/v1/prompt %s=%s: %s" % (field, value, e))
-        # Underflow is no overflow: these are 0 (greedy; top_p 0 keeps the top token), a
-        # valid value, answered.
-        for field, value in [("temperature", "1e-400"), ("top_p", "1e-400"),
+        # Underflow is no overflow: a temperature that reads as 0 is greedy, a valid value,
+        # answered (a top_p that reads as 0 is outside (0, 1] and refused like 0 itself).
+        expect_error(srv.post_json(
+            "/v1/chat/completions",
+            '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "top_p": 1e-400}',
+            timeout=30), status=400, words=["top-p", "top_p"])
+        for field, value in [("temperature", "1e-400"),
                              ("temperature", "0." + "0" * 100000 + "1")]:
             body = '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "%s": %s}' \
                 % (field, value)
