@@ -51,18 +51,28 @@ int check_answers(const std::vector<json>& answers, const std::vector<Response>&
   return largest_batch;
 }
 
-// Client 0 posts a PML prompt that decodes `anchor_tokens` tokens; 30 ms later `clients` others
-// start, `gap_ms` apart, each running send(i), so that they arrive while client 0 decodes.
-// Returns client 0's answer.
+// Client 0 streams a PML prompt that decodes `anchor_tokens` tokens; once its first token has
+// arrived (it is decoding, however slow the build), `clients` others start, `gap_ms` apart,
+// each running send(i), so that they arrive while client 0 decodes. Returns client 0's answer.
 json while_anchor_decodes(const TestServer& s, int anchor_tokens, int clients, int gap_ms,
                           const std::function<void(int)>& send) {
   json anchor;
+  std::atomic<bool> decoding{false};
   std::thread first([&] {
-    Posted r = post(s, "/v1/prompt",
-                    json{{"prompt", docs_prompt(5)}, {"max_new_tokens", anchor_tokens}}.dump());
-    anchor = r.status == 200 ? json::parse(r.body) : json{{"status", r.status}};
+    Posted r =
+        post(s, "/v1/prompt",
+             json{{"prompt", docs_prompt(5)}, {"max_new_tokens", anchor_tokens}, {"stream", true}}
+                 .dump(),
+             [&](const std::string& chunk) {
+               if (chunk.find("\"type\":\"token\"") != std::string::npos) decoding = true;
+               return true;
+             });
+    anchor = r.status == 200 ? sse_events(r.body).back() : json{{"status", r.status}};
+    decoding = true;  // (a failed anchor: the clients run anyway, the checks report it)
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  for (int waited = 0; !decoding && waited < 60000; waited += 5) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   std::vector<std::thread> threads;
   for (int i = 0; i < clients; ++i) {
     threads.emplace_back([&, i] {

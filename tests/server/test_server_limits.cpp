@@ -169,12 +169,13 @@ TEST_CASE("serve limits: schema budgets and the queue answer 429 naming the limi
   std::thread first([&] {
     post(q, "/v1/prompt",
          json{{"prompt", docs_prompt(1)}, {"max_new_tokens", 30000}, {"stream", true}}.dump(),
-         [&](const std::string&) {
-           streaming = true;
+         [&](const std::string& chunk) {
+           // Decoding (its first token): it has left the queue for the batch.
+           if (chunk.find("\"type\":\"token\"") != std::string::npos) streaming = true;
            return !drop.load();
          });
   });
-  for (int i = 0; i < 500 && !streaming; ++i) {
+  for (int i = 0; i < 6000 && !streaming; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   std::thread second([&] {
