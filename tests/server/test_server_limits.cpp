@@ -262,4 +262,27 @@ TEST_CASE("serve limits: a compile runs beside generation and stops when cancell
   CHECK(deleted_compile.body.find("cancelled") != std::string::npos);
   CHECK(get_json(s, "/v1/schemas").dump().find("\"big\"") == std::string::npos);
   still_serves(s);
+
+  // Shutdown while a compile runs: it stops at its next forward, so stop() returns promptly
+  // (the whole compile takes tens of seconds).
+  Posted at_shutdown;
+  started = false;
+  std::thread third([&] {
+    at_shutdown = post(
+        s, "/v1/schemas", big_schema("big", 20),
+        [&](const std::string&) {
+          started = true;
+          return true;
+        },
+        {}, "application/xml");
+  });
+  for (int i = 0; i < 600 && !started; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const double before = now_ms();
+  s.srv->stop();
+  const double stop_ms = now_ms() - before;
+  third.join();
+  CHECK(stop_ms < 10000);
+  CHECK(at_shutdown.body.find("\"type\":\"done\"") == std::string::npos);
 }
