@@ -3,14 +3,13 @@
 
 #include <arpa/inet.h>
 
-#include <cctype>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <limits>
 
 #include "engine_setup.hpp"
+#include "tier_flags.hpp"  // read_secret_file
 // The header needs no HTTP library: a build without cpp-httplib still parses the flags.
 #include "promptcache/server/server.hpp"
 #ifdef PROMPTCACHE_WITH_SERVER
@@ -21,20 +20,6 @@ namespace promptcache::cli {
 
 #ifdef PROMPTCACHE_WITH_SERVER
 namespace {
-
-// The first line of FILE, trailing whitespace dropped; a usage error when it cannot be read or
-// holds no key.
-std::string read_key_file(const std::string& path) {
-  std::error_code ec;
-  std::ifstream in(path);
-  std::string line;
-  if (std::filesystem::is_directory(path, ec) || !in || (!std::getline(in, line) && in.bad())) {
-    throw UsageError("--api-key-file " + path + ": cannot read it");
-  }
-  while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.pop_back();
-  if (line.empty()) throw UsageError("--api-key-file " + path + ": its first line holds no key");
-  return line;
-}
 
 // 127.0.0.0/8, ::1 or localhost: only this machine can connect.
 bool loopback(const std::string& host) {
@@ -155,7 +140,7 @@ Command register_serve(CLI::App& root) {
                     "--api-key-file and --api-key (or $PROMPTCACHE_API_KEY) both give the key: "
                     "use one");
               }
-              options.api_key = read_key_file(o->api_key_file);
+              options.api_key = read_secret_file(o->api_key_file, "--api-key-file");
             }
             options.allowed_origins = o->allowed_origins;
             options.allowed_hosts = o->allowed_hosts;

@@ -45,14 +45,6 @@ torch::Tensor logits_of(Engine& engine, const std::string& xml) {
   return engine.prefill(resolved, cache, true).logits;
 }
 
-// Skips (WARN) when redis-server is not installed.
-#define REQUIRE_REDIS(server)                                                                 \
-  if (test::redis_server_binary().empty()) {                                                  \
-    WARN("SKIPPED: redis-server is not installed (Debian: redis-server); no Redis test ran"); \
-    return;                                                                                   \
-  }                                                                                           \
-  REQUIRE((server).running())
-
 }  // namespace
 
 TEST_CASE("a redis URL is checked", "[cache][redis]") {

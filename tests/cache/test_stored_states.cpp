@@ -110,14 +110,6 @@ void check_same_states(const Engine& a, const Engine& b, const std::string& sche
   }
 }
 
-// Skips (WARN) when redis-server is not installed.
-#define REQUIRE_REDIS(server)                                                                 \
-  if (test::redis_server_binary().empty()) {                                                  \
-    WARN("SKIPPED: redis-server is not installed (Debian: redis-server); no Redis test ran"); \
-    return;                                                                                   \
-  }                                                                                           \
-  REQUIRE((server).running())
-
 }  // namespace
 
 TEST_CASE("a redis value is sealed with a MAC over its key and every byte", "[cache][redis]") {

@@ -95,3 +95,12 @@ class RedisServer {
 };
 
 }  // namespace promptcache::test
+
+// In a Catch2 test: skips (WARN) when redis-server is not installed, else requires `server` to
+// run.
+#define REQUIRE_REDIS(server)                                                                 \
+  if (promptcache::test::redis_server_binary().empty()) {                                     \
+    WARN("SKIPPED: redis-server is not installed (Debian: redis-server); no Redis test ran"); \
+    return;                                                                                   \
+  }                                                                                           \
+  REQUIRE((server).running())
