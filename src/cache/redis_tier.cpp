@@ -1,11 +1,11 @@
 #include "promptcache/cache/redis_tier.hpp"
 
-#include <openssl/crypto.h>
 #include <signal.h>
 
 #include <cstring>
 #include <iostream>
 
+#include "promptcache/cache/sealed_states.hpp"
 #include "promptcache/error.hpp"
 #include "promptcache/model/llama.hpp"
 
@@ -85,7 +85,7 @@ std::unique_ptr<RedisTier> RedisTier::connect(const std::string& url, const std:
 }
 
 RedisTier::~RedisTier() {
-  OPENSSL_cleanse(secret_.data(), secret_.size());
+  sealed::wipe(secret_);
 }
 
 RedisTier::Connection* RedisTier::ready() {
@@ -215,5 +215,30 @@ RedisTier::Connection* RedisTier::ready() {
 void RedisTier::lost(const std::string&) {}
 
 #endif
+
+// The value format and its checks are LibTorch-free (sealed_states.hpp); here only the tensor.
+std::string RedisTier::encode(const std::string& key, const torch::Tensor& block,
+                              const std::string& secret) {
+  const auto dense = block.to(torch::kCPU).contiguous();
+  const auto bytes = static_cast<std::size_t>(dense.numel() * dense.element_size());
+  const std::string_view raw(static_cast<const char*>(dense.data_ptr()), bytes);
+  return sealed::seal(key, {dtype_name(dense.scalar_type()), dense.sizes().vec()},
+                      bytes > 0 ? raw : std::string_view(), secret);
+}
+
+std::string RedisTier::reseal(const std::string& key, std::string_view value,
+                              const std::string& secret) {
+  return sealed::reseal(key, value, secret);
+}
+
+torch::Tensor RedisTier::decode(const std::string& key, std::string_view value,
+                                const std::string& secret, torch::Dtype dtype,
+                                const std::vector<int64_t>& shape) {
+  const std::string_view bytes = sealed::open(key, value, secret, {dtype_name(dtype), shape},
+                                              static_cast<std::size_t>(c10::elementSize(dtype)));
+  auto block = torch::empty(shape, torch::TensorOptions().dtype(dtype));
+  if (!bytes.empty()) std::memcpy(block.data_ptr(), bytes.data(), bytes.size());
+  return block;
+}
 
 }  // namespace promptcache

@@ -1,5 +1,5 @@
 # tests/fuzz/entries.cmake — the fuzz entry functions (fuzz_entries.hpp) as small libraries, by
-# what they link: PML only, promptcache_core (tokenizers; config.json), the server's request unit,
+# what they link: PML only, promptcache_core (tokenizers; config.json; Redis values), the server's request unit,
 # LibTorch (safetensors, cache files). Included by tests/CMakeLists.txt (the fuzz_replay test, regular compiler) and by
 # tests/fuzz/CMakeLists.txt (the libFuzzer targets, -DPROMPTCACHE_FUZZ=ON).
 if(NOT TARGET promptcache_fuzz_pml)
@@ -17,7 +17,10 @@ if(NOT TARGET promptcache_fuzz_pml)
   target_link_libraries(promptcache_fuzz_request PUBLIC promptcache_request)
   add_library(promptcache_fuzz_config STATIC ${PROMPTCACHE_FUZZ_SOURCE_DIR}/entries_config.cpp)
   target_link_libraries(promptcache_fuzz_config PUBLIC promptcache_core)
-  foreach(kind pml tokenizer model request config)
+  # The Redis tier's sealed values (redis_value): LibTorch-free as well.
+  add_library(promptcache_fuzz_states STATIC ${PROMPTCACHE_FUZZ_SOURCE_DIR}/entries_states.cpp)
+  target_link_libraries(promptcache_fuzz_states PUBLIC promptcache_core)
+  foreach(kind pml tokenizer model request config states)
     # Entries include "fuzz/fuzz_entries.hpp" and the PML tests' "pml/fake_tokenizer.hpp".
     target_include_directories(promptcache_fuzz_${kind} PUBLIC ${PROJECT_SOURCE_DIR}/tests)
     target_compile_options(promptcache_fuzz_${kind} PRIVATE -Wall -Wextra)

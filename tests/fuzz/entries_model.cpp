@@ -1,6 +1,6 @@
-// Fuzz entries "safetensors" (SafetensorsFile::open, tensor()), "cache_file" (load_cache_file
-// against a fixed schema layout and a tiny random model) and "redis_value" (RedisTier::decode);
-// these link LibTorch.
+// Fuzz entries "safetensors" (SafetensorsFile::open, tensor()) and "cache_file" (load_cache_file
+// against a fixed schema layout and a tiny random model); these link LibTorch. The seeds of all
+// three, "redis_value" (entries_states.cpp) included, are written here.
 #include <torch/types.h>
 
 #include <filesystem>
@@ -125,10 +125,8 @@ bool rewrite_with_checksums(const std::string& in, const std::string& out) {
   return true;
 }
 
-// The redis_value target's key and secret, and the dtypes and shapes it decodes as (its seeds
-// are values of these, written by RedisTier::encode).
-const char* const kRedisKey = "promptcache:span:fuzz:0";
-const char* const kRedisSecret = "fuzz-secret";
+// The dtypes and shapes of the redis_value target's seeds (entries_states.cpp opens values as
+// these).
 
 struct RedisExpectation {
   const char* seed;
@@ -145,29 +143,7 @@ const std::vector<RedisExpectation>& redis_expectations() {
   return e;
 }
 
-// Decodes `value` as each expectation's states: accepted with exactly that dtype and shape, or
-// refused with promptcache::Error.
-void decode_each(std::string_view value) {
-  for (const RedisExpectation& e : redis_expectations()) {
-    try {
-      const torch::Tensor t = RedisTier::decode(kRedisKey, value, kRedisSecret, e.dtype, e.shape);
-      check(t.scalar_type() == e.dtype && t.sizes().vec() == e.shape && t.is_contiguous(),
-            "a decoded value has another dtype or shape than asked for");
-    } catch (const Error& err) {
-      detail::rejected(err);  // a clean rejection
-    }
-  }
-}
-
 }  // namespace
-
-void redis_value_entry(const std::uint8_t* data, std::size_t size) {
-  const std::string_view value(reinterpret_cast<const char*>(data), size);
-  decode_each(value);
-  // Once more with a valid MAC for the rest of the value, so that mutations get past the MAC to
-  // the dtype, shape and length checks.
-  decode_each(RedisTier::reseal(kRedisKey, value, kRedisSecret));
-}
 
 void safetensors_entry(const std::uint8_t* data, std::size_t size) {
   const detail::ScratchFile input(scratch().file("input.safetensors"), data, size);
@@ -211,7 +187,7 @@ void write_model_seeds(const std::string& corpus_root) {
     for (int64_t d : e.shape) n *= d;
     const torch::Tensor block =
         (torch::arange(n, torch::kFloat64) * 0.25 - 1).to(e.dtype).reshape(e.shape);
-    const std::string value = RedisTier::encode(kRedisKey, block, kRedisSecret);
+    const std::string value = RedisTier::encode(kRedisValueKey, block, kRedisValueSecret);
     detail::write_bytes((rv / e.seed).string(), value.data(), value.size());
   }
 

@@ -71,10 +71,14 @@ void safetensors_entry(const std::uint8_t* data, std::size_t size);
 // tiny random model; then once more with the file's checksums recomputed, so that mutations get
 // past the checksum checks to the shape checks.
 void cache_file_entry(const std::uint8_t* data, std::size_t size);
-// "redis_value": the bytes as a value read from the Redis tier -> RedisTier::decode under a fixed
-// key and secret, as a few fixed dtypes and shapes; then once more with the value's MAC
-// recomputed (RedisTier::reseal), so that mutations get past the MAC to the checks behind it.
+// "redis_value": the bytes as a value read from the Redis tier -> sealed::open (the LibTorch-free
+// checks of RedisTier::decode) under a fixed key and secret, as a few fixed dtypes and shapes;
+// then once more with the value's MAC recomputed (sealed::reseal), so that mutations get past
+// the MAC to the checks behind it.
 void redis_value_entry(const std::uint8_t* data, std::size_t size);
+// The key and secret of redis_value's seeds and entry.
+inline constexpr const char* kRedisValueKey = "promptcache:span:fuzz:0";
+inline constexpr const char* kRedisValueSecret = "fuzz-secret";
 
 // Writes the generated (binary) seeds into corpus_root/<target>/: tokenizer.json and
 // tokenizer.model files (write_tokenizer_seeds), safetensors and cache files (write_model_seeds,

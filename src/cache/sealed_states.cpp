@@ -1,5 +1,6 @@
-// The Redis tier's values (redis_tier.hpp): sealed with HMAC-SHA256 under the deployment's
-// secret, checked MAC first. OpenSSL (libcrypto) is seen here and in redis_tier.cpp only.
+// The Redis tier's sealed values (sealed_states.hpp): HMAC-SHA256 under the deployment's secret,
+// checked MAC first. No LibTorch here (it is part of promptcache_core, so the redis_value fuzz
+// target builds without it); OpenSSL (libcrypto) is seen here only.
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/params.h>
@@ -14,11 +15,10 @@
 #include <string_view>
 #include <vector>
 
-#include "promptcache/cache/redis_tier.hpp"
+#include "promptcache/cache/sealed_states.hpp"
 #include "promptcache/error.hpp"
-#include "promptcache/model/llama.hpp"
 
-namespace promptcache {
+namespace promptcache::sealed {
 namespace {
 
 // v2: sealed with a keyed MAC over the key and the value (v1 carried a bare XXH3 checksum: its
@@ -130,38 +130,32 @@ bool parse_count(std::string_view text, int64_t& out) {
 
 }  // namespace
 
-std::string RedisTier::encode(const std::string& key, const torch::Tensor& block,
-                              const std::string& secret) {
+std::string seal(std::string_view key, const StatesHeader& header, std::string_view bytes,
+                 const std::string& secret) {
   require_secret(secret);
-  const auto dense = block.to(torch::kCPU).contiguous();
-  const auto bytes = static_cast<std::size_t>(dense.numel() * dense.element_size());
-  std::string body = dtype_name(dense.scalar_type()) + ' ' + std::to_string(dense.dim());
-  for (int64_t d : dense.sizes()) body += ' ' + std::to_string(d);
+  std::string body = header.dtype + ' ' + std::to_string(header.shape.size());
+  for (int64_t d : header.shape) body += ' ' + std::to_string(d);
   body += '\n';
-  const std::size_t at = body.size();
-  body.resize(at + bytes);
-  if (bytes > 0) std::memcpy(body.data() + at, dense.data_ptr(), bytes);
+  body.append(bytes.data(), bytes.size());
   return first_line(compute_mac(secret, key, body)) + body;
 }
 
-std::string RedisTier::reseal(const std::string& key, std::string_view value,
-                              const std::string& secret) {
+std::string reseal(std::string_view key, std::string_view value, const std::string& secret) {
   const std::size_t eol = value.find('\n');
   const std::string_view body = eol == std::string_view::npos ? value : value.substr(eol + 1);
   return first_line(compute_mac(secret, key, body)) + std::string(body);
 }
 
-torch::Tensor RedisTier::decode(const std::string& key, std::string_view value,
-                                const std::string& secret, torch::Dtype dtype,
-                                const std::vector<int64_t>& shape) {
+std::string_view open(std::string_view key, std::string_view value, const std::string& secret,
+                      const StatesHeader& expected, std::size_t element_size) {
   require_secret(secret);
   // 1. The first line: the format and the MAC, checked before anything else is read.
   const std::size_t mac_line = kFormat.size() + 1 + 2 * kMacBytes + 1;
-  if (value.compare(0, kUnkeyedFormat.size() + 1, std::string(kUnkeyedFormat) + ' ') == 0) {
+  if (value.substr(0, kUnkeyedFormat.size() + 1) == std::string(kUnkeyedFormat) + ' ') {
     refuse("an unkeyed value of an earlier version (" + std::string(kUnkeyedFormat) + ", no MAC)");
   }
   if (value.size() < mac_line ||
-      value.compare(0, kFormat.size() + 1, std::string(kFormat) + ' ') != 0 ||
+      value.substr(0, kFormat.size() + 1) != std::string(kFormat) + ' ' ||
       value[mac_line - 1] != '\n') {
     refuse("not a promptcache span value (" + std::string(kFormat) + ")");
   }
@@ -185,8 +179,8 @@ torch::Tensor RedisTier::decode(const std::string& key, std::string_view value,
   const std::string_view line = body.substr(0, eol);
   std::size_t at = 0;
   const std::string_view dtype_text = word(line, at);
-  if (dtype_text != dtype_name(dtype)) {
-    refuse("states of dtype '" + std::string(dtype_text) + "', not " + dtype_name(dtype));
+  if (dtype_text != expected.dtype) {
+    refuse("states of dtype '" + std::string(dtype_text) + "', not " + expected.dtype);
   }
   int64_t dims = 0;
   if (!parse_count(word(line, at), dims) || dims > static_cast<int64_t>(kMaxDims))
@@ -198,19 +192,20 @@ torch::Tensor RedisTier::decode(const std::string& key, std::string_view value,
     sizes.push_back(d);
   }
   if (at <= line.size()) refuse("a malformed shape (trailing words)");
-  if (sizes != shape) refuse("states of another shape");
-  // 3. The bytes: exactly the shape's, before anything is allocated.
-  const auto element = static_cast<std::size_t>(c10::elementSize(dtype));
-  std::size_t bytes = element;
-  for (int64_t d : shape) {
+  if (sizes != expected.shape) refuse("states of another shape");
+  // 3. The bytes: exactly the shape's.
+  std::size_t bytes = element_size;
+  for (int64_t d : expected.shape) {
     if (d < 0 || (d > 0 && bytes > SIZE_MAX / static_cast<std::size_t>(d)))
       refuse("states of another shape");
     bytes *= static_cast<std::size_t>(d);
   }
   if (body.size() - eol - 1 != bytes) refuse("truncated or overlong value");
-  auto block = torch::empty(shape, torch::TensorOptions().dtype(dtype));
-  if (bytes > 0) std::memcpy(block.data_ptr(), body.data() + eol + 1, bytes);
-  return block;
+  return body.substr(eol + 1);
 }
 
-}  // namespace promptcache
+void wipe(std::string& secret) {
+  OPENSSL_cleanse(secret.data(), secret.size());
+}
+
+}  // namespace promptcache::sealed
