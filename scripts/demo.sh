@@ -9,10 +9,18 @@ cd "$(dirname "$0")/.."
 start=$(date +%s)
 scripts/install-deps.sh
 echo "demo.sh: building the promptcache CLI (first time: a few minutes; progress below) ..."
-# Only make's progress lines are shown (compiler errors, on stderr, all); a failed build stops here.
-BUILD_TARGETS=promptcache_cli scripts/build.sh -DPROMPTCACHE_BUILD_TESTS=OFF \
-  -DPROMPTCACHE_BUILD_BENCHMARKS=OFF -DPROMPTCACHE_BUILD_EXAMPLES=OFF \
-  | { grep --line-buffered -E '^\[ *[0-9]+%\]' || true; } | sed -u 's/^/  /'
+# Only make's progress lines are shown; the compiler's messages go to a log, printed when the
+# build fails.
+build=${BUILD_DIR:-build}
+mkdir -p "$build"
+log=$build/demo-build.log
+if ! BUILD_TARGETS=promptcache_cli scripts/build.sh -DPROMPTCACHE_BUILD_TESTS=OFF \
+  -DPROMPTCACHE_BUILD_BENCHMARKS=OFF -DPROMPTCACHE_BUILD_EXAMPLES=OFF 2>"$log" \
+  | { grep --line-buffered -E '^\[ *[0-9]+%\]' || true; } | sed -u 's/^/  /'; then
+  cat "$log" >&2
+  echo "demo.sh: the build failed (its messages are above and in $log)" >&2
+  exit 1
+fi
 echo "demo.sh: dependencies and build took $(($(date +%s) - start)) s"
 echo
-exec "${BUILD_DIR:-build}/promptcache" demo "$@"
+exec "$build/promptcache" demo "$@"
