@@ -1,7 +1,7 @@
 // bench_fidelity — how far cached answers drift from no-cache ones, and what recompute buys back.
 //
 // Two parts, one JSON line per setting:
-//  * fidelity (stories260K, ../shared/models/stories260K or --model DIR): four schemas of 4-8
+//  * fidelity (stories260K, models/stories260K or --model DIR): four schemas of 4-8
 //    story paragraphs (the same pool of paragraphs in different subsets and orders), and
 //    --prompts prompts (default 200, seed --seed) that each select a random subset of one schema
 //    that is not a prefix of it (so at least one module follows a gap or other modules than it
@@ -120,10 +120,10 @@ std::vector<double> parse_doubles(const std::string& text) {
   return out;
 }
 
-// The --model folder (default: stories260K in ../shared beside the repository root, where the
-// bench runs from), or empty after saying that `part` is skipped.
+// The --model folder (default: the repository's models/stories260K, from the repository root,
+// where the bench runs), or empty after saying that `part` is skipped.
 std::string story_model_dir(const bench::Flags& flags, const std::string& part) {
-  const std::string dir = flags.text("model", "../shared/models/stories260K");
+  const std::string dir = flags.text("model", "models/stories260K");
   if (std::filesystem::exists(std::filesystem::path(dir) / "config.json")) return dir;
   std::cerr << "bench_fidelity: SKIPPED the " << part << " part: " << dir
             << " is absent (give --model DIR)\n";

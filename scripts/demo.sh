@@ -1,9 +1,26 @@
 #!/usr/bin/env bash
-# Installs dependencies, builds, and runs the demo: a schema is compiled once, then one prompt is
-# answered with and without the prompt cache, printing both TTFTs. Without --model it makes a
-# synthetic model first. Extra arguments go to `promptcache demo` (e.g. --model DIR).
+# Installs what building and running need (not what the tests add), builds the `promptcache` CLI
+# alone (no tests, benchmarks or examples), and runs `promptcache demo`: a story on the real
+# stories260K model (models/stories260K) answered with and without the prompt cache, then TTFT
+# on a synthetic bench-small model in bf16 (docs/demo.md). Extra arguments go to
+# `promptcache demo` (e.g. --model DIR).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+start=$(date +%s)
 scripts/install-deps.sh
-scripts/build.sh >/dev/null
-exec "${BUILD_DIR:-build}/promptcache" demo "$@"
+echo "demo.sh: building the promptcache CLI (first time: a few minutes; progress below) ..."
+# Only make's progress lines are shown; the compiler's messages go to a log, printed when the
+# build fails.
+build=${BUILD_DIR:-build}
+mkdir -p "$build"
+log=$build/demo-build.log
+if ! BUILD_TARGETS=promptcache_cli scripts/build.sh -DPROMPTCACHE_BUILD_TESTS=OFF \
+  -DPROMPTCACHE_BUILD_BENCHMARKS=OFF -DPROMPTCACHE_BUILD_EXAMPLES=OFF 2>"$log" \
+  | { grep --line-buffered -E '^\[ *[0-9]+%\]' || true; } | sed -u 's/^/  /'; then
+  cat "$log" >&2
+  echo "demo.sh: the build failed (its messages are above and in $log)" >&2
+  exit 1
+fi
+echo "demo.sh: dependencies and build took $(($(date +%s) - start)) s"
+echo
+exec "$build/promptcache" demo "$@"

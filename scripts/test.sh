@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs dependencies, builds, and runs the whole test suite with CTest; then the checks CI adds
+# Installs dependencies (the tests' too), builds, and runs the whole test suite with CTest; then the checks CI adds
 # (docs/reliability.md, "Sanitizers"; docs/fuzzing.md, "In CI"), each in its own build folder:
 #   1. ASan + UBSan: the library and the fast suite, the server's tests among them, in build-asan
 #      (scripts/sanitize.sh asan)
@@ -15,7 +15,7 @@
 #   PROMPTCACHE_FUZZ=0 scripts/test.sh    skip the fuzz pass
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install-deps.sh
+scripts/install-deps.sh --tests
 scripts/build.sh
 ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j2
 failed=()

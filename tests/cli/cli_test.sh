@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# One CLI test case: cli_test.sh CASE PROMPTCACHE_BINARY SOURCE_DIR SHARED_DIR
+# One CLI test case: cli_test.sh CASE PROMPTCACHE_BINARY SOURCE_DIR
 # Exit 0 = pass, 77 = skipped (with a message), anything else = fail.
 set -uo pipefail
-case_name=$1 pc=$2 src=$3 shared=$4
+case_name=$1 pc=$2 src=$3
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL ($case_name): $*" >&2; exit 1; }
 expect_in() { grep -qF -- "$1" "$2" || { echo "--- $2:"; cat "$2"; fail "expected '$1' in $2"; }; }
 tiny() { "$pc" make-model --shape tiny --seed 0 --out "$work/tiny" >/dev/null 2>"$work/make.err" || fail "make-model: $(cat "$work/make.err")"; }
-stories="$shared/models/stories260K"
+# The trained stories260K model ships with the repository: a missing file fails the case.
+stories="$src/models/stories260K"
+need_stories() {
+  for f in config.json model.safetensors tokenizer.model; do
+    [ -f "$stories/$f" ] || fail "$stories/$f is missing; stories260K ships with the repository (git checkout -- models/stories260K)"
+  done
+}
 
 case "$case_name" in
   layout_golden)
@@ -114,7 +120,7 @@ PY
     [ "$(grep -c 'TTFT' "$work/stats")" = 2 ] || fail "expected one stats line per prompt: $(cat "$work/stats")"
     ;;
   run_stories260k)
-    [ -f "$stories/model.safetensors" ] || { echo "SKIPPED: $stories is absent"; exit 77; }
+    need_stories
     cat >"$work/s.xml" <<'XML'
 <schema name="tale"><module name="a">Once upon a time, there was a little girl named Lily.</module>
 <module name="b">She loved to play outside in the park.</module></schema>
@@ -215,13 +221,12 @@ PY
     expect_in "saved to $work/qa.states" "$work/c1.err"
     expect_in "loaded from $work/qa.states" "$work/c2.err"
     cmp -s "$work/c1.txt" "$work/c2.txt" || fail "the answer changed when the states were loaded"
-    if [ -f "$stories/model.safetensors" ]; then
-      mkdir "$work/folder" && cp "$work/a.txt" "$work/b.md" "$work/folder/"
-      "$pc" qa --model "$stories" --template plain --docs "$work/folder" --question "Who went to the park?" -n 20 >"$work/s.txt" 2>"$work/s.err" || fail "qa stories260K: $(cat "$work/s.err")"
-      expect_in "2 documents" "$work/s.err"
-      expect_in "TTFT" "$work/s.err"
-      echo "stories260K qa answer: $(cat "$work/s.txt")"
-    fi
+    need_stories
+    mkdir "$work/folder" && cp "$work/a.txt" "$work/b.md" "$work/folder/"
+    "$pc" qa --model "$stories" --template plain --docs "$work/folder" --question "Who went to the park?" -n 20 >"$work/s.txt" 2>"$work/s.err" || fail "qa stories260K: $(cat "$work/s.err")"
+    expect_in "2 documents" "$work/s.err"
+    expect_in "TTFT" "$work/s.err"
+    echo "stories260K qa answer: $(cat "$work/s.txt")"
     ;;
   qa_interactive)
     tiny
@@ -336,13 +341,41 @@ PY
     done
     ;;
   demo)
-    "$pc" demo -n 6 >"$work/out.txt" 2>"$work/err" || fail "demo: $(cat "$work/err")"
-    expect_in "TTFT with cache" "$work/out.txt"
-    expect_in "same answer: yes" "$work/out.txt"
-    if [ -f "$stories/model.safetensors" ]; then  # a 512-position context: the schema must fit
-      "$pc" demo --model "$stories" -n 8 >"$work/s.txt" 2>"$work/s.err" || fail "demo stories260K: $(cat "$work/s.err")"
-      expect_in "same answer: yes" "$work/s.txt"
-    fi
+    # The default demo, kept small: the story on stories260K (the real part), then the speed part
+    # on a tiny synthetic model with a short schema.
+    need_stories
+    "$pc" demo --shape tiny --speed-tokens 200 --repeats 1 >"$work/out.txt" 2>"$work/err" || fail "demo: $(cat "$work/err")"
+    cat "$work/out.txt"
+    [ "$(grep -c 'identical: yes' "$work/out.txt")" = 2 ] || fail "expected both parts' answers identical"
+    expect_in "TTFT with the cache" "$work/out.txt"
+    expect_in "part 2 took" "$work/out.txt"
+    python3 - "$work/out.txt" <<'PY' || fail "the story's answers are not the same readable words"
+import re, sys
+lines = open(sys.argv[1]).read().split("\n")
+# The story's two answers: the first lines "with the cache: ..." and "without the cache: ...".
+answer = lambda label: next(l for l in lines if l.strip().startswith(label)).split(":", 1)[1].strip()
+cached, plain = answer("with the cache:"), answer("without the cache:")
+assert cached == plain, (cached, plain)
+words = re.findall(r"[A-Za-z]+", cached)
+assert len(words) >= 8, cached
+common = {"the", "a", "she", "her", "he", "was", "to", "and", "lily", "dog", "mom", "said", "play"}
+assert sum(w.lower() in common for w in words) >= 3, cached
+assert sum(c.isalpha() or c in " ,.!?'\"" for c in cached) >= 0.95 * len(cached), cached
+print("story:", cached)
+PY
+    # --model takes any folder: both parts run on it.
+    tiny
+    "$pc" demo --model "$work/tiny" -n 6 --speed-tokens 100 --repeats 1 >"$work/t.txt" 2>"$work/t.err" || fail "demo --model: $(cat "$work/t.err")"
+    [ "$(grep -c 'identical: yes' "$work/t.txt")" = 2 ] || fail "demo --model: answers differ: $(cat "$work/t.txt")"
+    # A missing model is a clear error: a --model folder that is not there, and the default model
+    # when the binary is run outside a checkout.
+    "$pc" demo --model "$work/nowhere" --speed-tokens 0 >/dev/null 2>"$work/m.err" && fail "demo with a missing --model succeeded"
+    expect_in "$work/nowhere" "$work/m.err"
+    mkdir -p "$work/elsewhere/bin" && cp "$pc" "$work/elsewhere/bin/promptcache"
+    (cd "$work/elsewhere" && ./bin/promptcache demo --speed-tokens 0) >/dev/null 2>"$work/d.err"
+    [ $? = 2 ] || fail "demo without stories260K: expected exit status 2: $(cat "$work/d.err")"
+    expect_in "the stories260K model was not found" "$work/d.err"
+    expect_in "give --model DIR" "$work/d.err"
     ;;
   generate)
     tiny

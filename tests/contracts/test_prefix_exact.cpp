@@ -59,8 +59,7 @@ TEST_CASE("prefix-exact on a tiny random model", "[contract][prefix]") {
 }
 
 TEST_CASE("prefix-exact on stories260K", "[contract][prefix][stories260k]") {
-  auto engine = test::stories260k_engine_or_skip();
-  if (!engine) return;
+  auto engine = test::stories260k_engine();
   engine->add_schema_string(R"(<schema name="tale">
     <module name="opening">Once upon a time, there was a little girl named Lily.</module>
     <module name="middle">She loved to play outside in the park.</module>

@@ -28,11 +28,7 @@ std::string mistral(const std::string& extra) {
 }  // namespace
 
 TEST_CASE("config.json of stories260K", "[config]") {
-  if (!test::have_stories260k()) {
-    WARN("SKIPPED: " << test::stories260k_dir() << " is absent");
-    return;
-  }
-  const auto c = ModelConfig::from_json_file(test::stories260k_dir() + "/config.json");
+  const auto c = ModelConfig::from_json_file(test::checked_stories260k_dir() + "/config.json");
   CHECK(c.hidden_size == 64);
   CHECK(c.num_key_value_heads == 4);
   CHECK(c.head_dim == 8);

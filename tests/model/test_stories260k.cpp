@@ -12,11 +12,7 @@
 using namespace promptcache;
 
 TEST_CASE("stories260K greedy generation reproduces reference.json", "[stories260k]") {
-  if (!test::have_stories260k()) {
-    WARN("SKIPPED: " << test::stories260k_dir() << " is absent; the real-model test needs it");
-    return;
-  }
-  const std::string dir = test::stories260k_dir();
+  const std::string dir = test::checked_stories260k_dir();
   std::ifstream in(dir + "/reference.json");
   const auto ref = nlohmann::json::parse(in);
   const auto model = LlamaModel::load(dir);

@@ -144,12 +144,8 @@ TEST_CASE("reduced-precision weights are refused where they cannot run", "[llama
 
 TEST_CASE("stories260K with bf16 weights keeps the reference's greedy output",
           "[stories260k][weights]") {
-  if (!test::have_stories260k()) {
-    WARN("SKIPPED: " << test::stories260k_dir() << " is absent; the real-model test needs it");
-    return;
-  }
   // Converted by the test: a bf16 copy of the checkpoint, loaded as a bf16 folder is.
-  const std::string dir = test::stories260k_dir();
+  const std::string dir = test::checked_stories260k_dir();
   test::TempDir bf16_dir("promptcache-bf16");
   {
     const auto checkpoint = SafetensorsCheckpoint::open_folder(dir);
@@ -185,11 +181,7 @@ TEST_CASE("stories260K with bf16 weights keeps the reference's greedy output",
 
 TEST_CASE("stories260K with q8 weights stays close to the f32 reference",
           "[stories260k][weights][q8]") {
-  if (!test::have_stories260k()) {
-    WARN("SKIPPED: " << test::stories260k_dir() << " is absent; the real-model test needs it");
-    return;
-  }
-  const std::string dir = test::stories260k_dir();
+  const std::string dir = test::checked_stories260k_dir();
   std::ifstream in(dir + "/reference.json");
   const auto ref = nlohmann::json::parse(in);
   LoadOptions options;

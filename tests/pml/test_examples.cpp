@@ -23,7 +23,7 @@ using pml_test::FakeTokenizer;
 namespace {
 
 const std::string kExamples = test::shared_dir() + "/pml-examples";
-const std::string kRealTokenizer = test::shared_dir() + "/models/stories260K/tokenizer.model";
+const std::string kRealTokenizer = test::stories260k_dir() + "/tokenizer.model";
 
 std::vector<std::string> example_files() {
   std::vector<std::string> out;

@@ -1,11 +1,10 @@
-// The real stories260K model's recorded greedy reference (../shared/models/stories260K/
-// reference.json), for the tests that check a precision option against it.
+// The real stories260K model's recorded greedy reference (models/stories260K/reference.json),
+// for the tests that check a precision option against it.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
 #include <fstream>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,13 +21,9 @@ struct Stories260kReference {
   int greedy_new_tokens = 0;
 };
 
-// The reference, or nullopt after a WARN that says the test is skipped (the model is absent).
-inline std::optional<Stories260kReference> stories260k_reference_or_skip() {
-  if (!have_stories260k()) {
-    WARN("SKIPPED: " << stories260k_dir() << " is absent; the real-model test needs it");
-    return std::nullopt;
-  }
-  const std::string dir = stories260k_dir();
+// The reference (std::runtime_error when the model's files are missing: checked_stories260k_dir).
+inline Stories260kReference stories260k_reference() {
+  const std::string dir = checked_stories260k_dir();
   std::ifstream in(dir + "/reference.json");
   Stories260kReference r;
   r.json = nlohmann::json::parse(in);

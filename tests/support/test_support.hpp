@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <random>
+#include <stdexcept>
 #include <string>
 
 namespace promptcache::test {
@@ -38,11 +39,23 @@ inline std::string shared_dir() {
 inline std::string source_dir() {
   return source_dir_path();
 }
+// The trained stories260K model that ships in the repository (models/stories260K, MIT).
 inline std::string stories260k_dir() {
-  return shared_dir() + "/models/stories260K";
+  return source_dir() + "/models/stories260K";
 }
-inline bool have_stories260k() {
-  return std::filesystem::exists(stories260k_dir() + "/model.safetensors");
+// stories260k_dir(), once its files are there. They ship with the repository, so a missing one
+// is a broken checkout: std::runtime_error naming it (the test fails), never a skip.
+inline std::string checked_stories260k_dir() {
+  const std::string dir = stories260k_dir();
+  for (const char* file :
+       {"config.json", "model.safetensors", "tokenizer.model", "reference.json"}) {
+    if (!std::filesystem::exists(dir + "/" + file)) {
+      throw std::runtime_error(dir + "/" + file +
+                               " is missing; stories260K ships with the repository (restore it: "
+                               "git checkout -- models/stories260K)");
+    }
+  }
+  return dir;
 }
 
 }  // namespace promptcache::test

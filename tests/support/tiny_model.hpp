@@ -48,17 +48,13 @@ inline std::unique_ptr<Engine> tiny_engine(std::uint64_t seed = 1, EngineOptions
                                   load_sentencepiece_tokenizer(tiny_tokenizer_path()), options);
 }
 
-// The engine on the real stories260K model (plain chat template), or nullptr after a WARN that
-// says the test is skipped because the model folder is absent.
-inline std::unique_ptr<Engine> stories260k_engine_or_skip() {
-  if (!have_stories260k()) {
-    WARN("SKIPPED: " << stories260k_dir() << " is absent; this test needs the real model");
-    return nullptr;
-  }
+// The engine on the real stories260K model (plain chat template); std::runtime_error when the
+// model's files are missing (checked_stories260k_dir).
+inline std::unique_ptr<Engine> stories260k_engine() {
   EngineOptions options;
   options.chat_template = "plain";
   options.load = test_load_options();
-  return Engine::open(stories260k_dir(), options);
+  return Engine::open(checked_stories260k_dir(), options);
 }
 
 }  // namespace promptcache::test

@@ -65,11 +65,7 @@ void cross_check(const std::string& model_path) {
 }  // namespace
 
 TEST_CASE("encoder matches libsentencepiece on stories260K's tokenizer", "[tokenizer]") {
-  if (!test::have_stories260k()) {
-    WARN("SKIPPED: " << test::stories260k_dir() << " is absent");
-    return;
-  }
-  cross_check(test::stories260k_dir() + "/tokenizer.model");
+  cross_check(test::checked_stories260k_dir() + "/tokenizer.model");
   const auto tok = load_sentencepiece_tokenizer(test::stories260k_dir() + "/tokenizer.model");
   CHECK(tok->encode("Once upon a time", true) == std::vector<TokenId>{1, 403, 407, 261, 378});
 }
