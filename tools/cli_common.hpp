@@ -52,6 +52,7 @@ Command register_compile(CLI::App& root);
 Command register_cache(CLI::App& root);
 Command register_fidelity(CLI::App& root);
 Command register_serve(CLI::App& root);
+Command register_eval(CLI::App& root);
 
 // Number checks whose messages say what is wanted ("--max-new-tokens: expects a whole number
 // >= 0, got 'abc'"); CLI11's own checks print the range as 0.000000 to 1.797693e+308.

@@ -107,6 +107,25 @@ struct Response {
   int64_t kv_bytes = 0;           // bytes copied into the KV cache (none for in-place tokens)
 };
 
+// Scoring (Engine::score, `promptcache eval`): how likely the model finds each continuation
+// of a prompt. Token i's log-probability is log p(tokens[i] | prompt, tokens[0..i)).
+struct ContinuationScore {
+  std::vector<TokenId> tokens;
+  std::vector<double> logprob_per_token;
+  double logprob = 0;  // their sum
+  bool greedy = true;  // every token was the model's argmax (lm-eval's is_greedy)
+};
+
+struct ScoreResponse {
+  std::vector<ContinuationScore> continuations;
+  int64_t prompt_tokens = 0;  // the prompt's whole sequence (ResolvedPrompt::baseline)
+  int64_t cached_tokens = 0;  // of its tokens, served from the store
+  int64_t fresh_tokens = 0;   // of its tokens, run through the model
+  int64_t scored_tokens = 0;  // continuation tokens run through the model (each one's last is not)
+  double prefill_ms = 0;      // the prompt (a batch: every row's, together)
+  double score_ms = 0;        // the continuations' forward (a batch: every row's, together)
+};
+
 // Called for every generated token of prompt `index` of a batch, as TokenCallback is for one
 // prompt; returning false stops that prompt only.
 using BatchTokenCallback =
@@ -186,6 +205,33 @@ class Engine {
                                        const BatchTokenCallback& on_token = {},
                                        const RequestOptions& request = {});
 
+  // A continuation's tokens: its text encoded as a PML text span of its own (pml::encode_span:
+  // the edges' whitespace compacted; a SentencePiece tokenizer reads it as following a space, a
+  // byte-level one keeps a leading space as its first byte). Empty for blank text.
+  std::vector<TokenId> encode_continuation(const std::string& text) const;
+
+  // Scores continuations of a prompt: the prompt is assembled and prefilled once (as generate
+  // does: modules from the store, only fresh tokens run; with use_cache = false its baseline
+  // sequence), then every continuation runs in ONE forward from those states — continuations
+  // packed one after another, each at the positions after the prompt and seeing the prompt and
+  // its own earlier tokens only — never re-encoding the prompt. Equal to a no-cache forward of
+  // prompt + continuation when the modules form a prefix (contract 2), and to contract 3's
+  // reference otherwise. Error(kInvalidArgument) for an empty continuation or an id outside the
+  // vocabulary, Error(kContextOverflow) when a continuation's last token would pass the context,
+  // and the errors of generate. RequestOptions::recompute applies as in generate.
+  ScoreResponse score(const pml::Prompt& prompt,
+                      const std::vector<std::vector<TokenId>>& continuations,
+                      const RequestOptions& request = {});
+  // Several prompts, each with its own continuations (of one schema or several, any module
+  // selections and lengths): the prompts are prefilled as one batch (prefill_batch) and every
+  // row's packed continuations run in one batched forward. Response i is what score(prompts[i],
+  // continuations[i]) gives (log-probabilities within float rounding), except that prefill_ms
+  // and score_ms are the batch's. Prompts that recompute are scored one by one.
+  std::vector<ScoreResponse> score_batch(
+      const std::vector<pml::Prompt>& prompts,
+      const std::vector<std::vector<std::vector<TokenId>>>& continuations,
+      const RequestOptions& request = {});
+
   // The prompt's KV cache and last-position logits without decoding (tests, benchmarks). The
   // prompt's schema as loaded now is used: resolve and prefill while it is not being replaced.
   struct Prefill {
@@ -261,6 +307,11 @@ class Engine {
                                             const BatchTokenCallback& on_token,
                                             const RequestOptions& request);
   void give_back(std::unique_ptr<PooledBuffer> buffer, bool batch, bool finished);
+  // score_batch's rows, prefilled (as one batch, or one by one) and their continuations run.
+  std::vector<ScoreResponse> score_rows(const std::vector<EntryPtr>& entries,
+                                        const std::vector<pml::ResolvedPrompt>& resolved,
+                                        const std::vector<std::vector<std::vector<TokenId>>>& conts,
+                                        const RequestOptions& request, bool alone);
 
   Prefill prefill_with(const SchemaEntry* entry, const pml::ResolvedPrompt& resolved,
                        KVCache& cache, bool use_cache, int64_t extra_capacity,

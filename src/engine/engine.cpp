@@ -6,6 +6,7 @@
 #include <map>
 #include <numeric>
 
+#include "buffer_lease.hpp"
 #include "decode_room.hpp"
 #include "promptcache/batch_session.hpp"
 #include "promptcache/error.hpp"
@@ -267,26 +268,6 @@ pml::ResolvedPrompt Engine::resolve(const pml::Prompt& prompt) const {
 // keeps as many as requests ran at once. A single prompt's buffer keeps its contents, so the next
 // prompt that selects the same leading modules reuses them (RequestOptions::reuse_buffer): a
 // prompt gets the free buffer that holds the longest run of its leading stored blocks.
-
-// Gives the buffer back to the pool when the request ends, emptied if the request did not finish
-// (an exception may leave it half-written).
-class Engine::BufferLease {
- public:
-  BufferLease(Engine& engine, std::unique_ptr<PooledBuffer> buffer, bool batch)
-      : engine_(engine), buffer_(std::move(buffer)), batch_(batch) {}
-  BufferLease(const BufferLease&) = delete;
-  BufferLease& operator=(const BufferLease&) = delete;
-  ~BufferLease() { engine_.give_back(std::move(buffer_), batch_, finished_); }
-  PooledBuffer& operator*() const { return *buffer_; }
-  PooledBuffer* operator->() const { return buffer_.get(); }
-  void finished() { finished_ = true; }
-
- private:
-  Engine& engine_;
-  std::unique_ptr<PooledBuffer> buffer_;
-  bool batch_ = false;
-  bool finished_ = false;
-};
 
 std::unique_ptr<Engine::PooledBuffer> Engine::take_buffer(const SchemaEntry& entry,
                                                           const pml::ResolvedPrompt& resolved) {

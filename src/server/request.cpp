@@ -119,7 +119,9 @@ std::string content_text(const json& content, const std::string& where,
   throw bad(where + " must be a string or a list of text parts");
 }
 
-std::vector<pml::Turn> chat_turns(const json& body, const RequestLimits& limits) {
+}  // namespace
+
+std::vector<pml::Turn> chat_turns_from_json(const json& body, const RequestLimits& limits) {
   const auto it = body.find("messages");
   if (it == body.end() || !it->is_array() || it->empty()) {
     throw bad("'messages' must be a non-empty list of {\"role\", \"content\"} objects");
@@ -155,6 +157,8 @@ std::vector<pml::Turn> chat_turns(const json& body, const RequestLimits& limits)
   }
   return turns;
 }
+
+namespace {
 
 std::string completion_text(const json& body) {
   const auto it = body.find("prompt");
@@ -197,10 +201,12 @@ pml::ModuleRef module_ref(const json& m, const std::string& where, const Request
   return ref;
 }
 
-// promptcache.modules as ModuleRefs, walked with an explicit stack (no recursion on the
-// client's nesting) and bounded in depth and count.
-std::vector<pml::ModuleRef> module_refs(const json& list, const RequestLimits& limits) {
-  if (!list.is_array()) throw bad("'promptcache.modules' must be a list");
+}  // namespace
+
+// Walked with an explicit stack (no recursion on the client's nesting), bounded in depth and count.
+std::vector<pml::ModuleRef> module_refs_from_json(const json& list, const std::string& field,
+                                                  const RequestLimits& limits) {
+  if (!list.is_array()) throw bad("'" + field + "' must be a list");
   struct Frame {
     const json* items;                 // the list being read
     std::size_t next;                  // its next index
@@ -208,7 +214,7 @@ std::vector<pml::ModuleRef> module_refs(const json& list, const RequestLimits& l
     std::string where;                 // "promptcache.modules" / "...[2].modules"
   };
   std::vector<pml::ModuleRef> top;
-  std::vector<Frame> stack{{&list, 0, &top, "promptcache.modules"}};
+  std::vector<Frame> stack{{&list, 0, &top, field}};
   std::size_t count = 0;
   while (!stack.empty()) {
     Frame& f = stack.back();
@@ -219,7 +225,7 @@ std::vector<pml::ModuleRef> module_refs(const json& list, const RequestLimits& l
     const std::size_t i = f.next++;
     const std::string where = f.where + "[" + std::to_string(i) + "]";
     if (++count > limits.max_module_refs) {
-      throw bad("'promptcache.modules' names more than " + std::to_string(limits.max_module_refs) +
+      throw bad("'" + field + "' names more than " + std::to_string(limits.max_module_refs) +
                 " modules");
     }
     const json& item = (*f.items)[i];
@@ -236,6 +242,8 @@ std::vector<pml::ModuleRef> module_refs(const json& list, const RequestLimits& l
   }
   return top;
 }
+
+namespace {
 
 std::size_t prompt_depth(const std::vector<pml::ModuleRef>& refs) {
   std::size_t deepest = 1;
@@ -270,10 +278,17 @@ json parse_json_body(std::string_view text, const RequestLimits& limits) {
               std::to_string(limits.max_body_bytes) +
               " the server takes (start it with --max-body-bytes N to allow more)");
   }
-  // nlohmann's callback sees the depth of every value as it is read: a body nested past the
+  json body = parse_json_bounded(text, limits.max_json_depth, "the request body",
+                                 " (start the server with --max-json-depth N to allow more)");
+  if (!body.is_object()) throw bad("the request body must be a JSON object");
+  return body;
+}
+
+json parse_json_bounded(std::string_view text, int max_depth, const std::string& what,
+                        const std::string& depth_hint) {
+  // nlohmann's callback sees the depth of every value as it is read: a text nested past the
   // limit stops here, before a tree that deep exists.
   struct TooDeep {};
-  const int max_depth = limits.max_json_depth;
   const json::parser_callback_t depth_guard = [max_depth](int depth, json::parse_event_t event,
                                                           json&) {
     if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
@@ -282,20 +297,16 @@ json parse_json_body(std::string_view text, const RequestLimits& limits) {
     }
     return true;
   };
-  json body;
   try {
-    body = json::parse(text.begin(), text.end(), depth_guard);
+    return json::parse(text.begin(), text.end(), depth_guard);
   } catch (const TooDeep&) {
-    throw bad("the request body nests deeper than " + std::to_string(max_depth) +
-              " levels (start the server with --max-json-depth N to allow more)");
+    throw bad(what + " nests deeper than " + std::to_string(max_depth) + " levels" + depth_hint);
   } catch (const json::out_of_range& e) {
     // A number outside a double's range (1e400): refused, not read as infinity.
-    throw bad("the request body holds a number out of range: " + std::string(e.what()));
+    throw bad(what + " holds a number out of range: " + std::string(e.what()));
   } catch (const json::exception& e) {
-    throw bad("the request body is not valid JSON: " + std::string(e.what()));
+    throw bad(what + " is not valid JSON: " + std::string(e.what()));
   }
-  if (!body.is_object()) throw bad("the request body must be a JSON object");
-  return body;
 }
 
 SamplingParams sampling_from_json(const json& body, const std::string& max_tokens_key,
@@ -396,7 +407,7 @@ CompletionRequest parse_completion_request(std::string_view text, bool chat,
     out.include_usage = bool_field(options, "include_usage", "stream_options.include_usage", false);
   }
   if (chat) {
-    out.turns = chat_turns(body, limits);
+    out.turns = chat_turns_from_json(body, limits);
   } else {
     pml::Turn turn;
     turn.text = pml::compact_whitespace(completion_text(body));
@@ -415,7 +426,9 @@ CompletionRequest parse_completion_request(std::string_view text, bool chat,
     prompt.schema = field["schema"];
     prompt.file = "<request>";
     prompt.where = request_at("promptcache");
-    if (field.contains("modules")) prompt.modules = module_refs(field["modules"], limits);
+    if (field.contains("modules")) {
+      prompt.modules = module_refs_from_json(field["modules"], "promptcache.modules", limits);
+    }
     prompt.turns = out.turns;
     out.use_cache = bool_field(field, "use_cache", "promptcache.use_cache", true);
     out.recompute = recompute_from_json(field, "promptcache.recompute");

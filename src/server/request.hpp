@@ -50,6 +50,25 @@ struct RequestLimits {
 // than limits.max_json_depth, or not an object.
 nlohmann::json parse_json_body(std::string_view text, const RequestLimits& limits);
 
+// Parses one JSON value of any type, refusing (Error(kInvalidArgument), its message starting with
+// `what`) text that is not JSON, holds a number out of a double's range, or nests deeper than
+// max_depth (while it is read: no tree that deep is built; `depth_hint` ends that message).
+// `promptcache eval` reads its data lines with it.
+nlohmann::json parse_json_bounded(std::string_view text, int max_depth, const std::string& what,
+                                  const std::string& depth_hint = "");
+
+// A list of module references as ModuleRefs: names, or {"name", "arguments": {...}, "modules":
+// [...]} objects for arguments and nested modules (promptcache.modules of the OpenAI extension,
+// `modules` of an eval data line). Errors name the field as `field` ("promptcache.modules[2]").
+std::vector<pml::ModuleRef> module_refs_from_json(const nlohmann::json& list,
+                                                  const std::string& field,
+                                                  const RequestLimits& limits);
+
+// The chat turns of a body's "messages" ([{"role", "content"}], roles system/developer, user,
+// assistant; content a string or text parts), each checked.
+std::vector<pml::Turn> chat_turns_from_json(const nlohmann::json& body,
+                                            const RequestLimits& limits);
+
 // Sampling parameters from a request body, each checked for its type and range (finite numbers
 // only); unknown keys are left to the caller. `max_tokens_key` is "max_new_tokens" (native) or
 // "max_tokens"/"max_completion_tokens" (OpenAI).

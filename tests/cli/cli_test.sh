@@ -493,6 +493,175 @@ w, local = (json.load(open(f)) for f in sys.argv[1:3])
 assert w["token_ids"] == local["token_ids"]
 PY
     ;;
+  eval_stories260k)
+    # examples/eval on the real model: every row answered once, scores that are log-probabilities,
+    # a prediction per scored row, an accuracy; the same numbers without the cache.
+    [ -f "$stories/model.safetensors" ] || { echo "SKIPPED: $stories is absent"; exit 77; }
+    ex="$src/examples/eval"
+    "$pc" eval --model "$stories" --template plain --schema "$ex/stories.xml" --data "$ex/stories.jsonl" \
+      --out "$work/r.jsonl" --json --check 3 >"$work/sum.json" 2>"$work/err" || fail "eval: $(cat "$work/err")"
+    "$pc" eval --model "$stories" --template plain --schema "$ex/stories.xml" --data "$ex/stories.jsonl" \
+      --out "$work/n.jsonl" --no-cache --batch 3 >/dev/null 2>"$work/err2" || fail "eval --no-cache: $(cat "$work/err2")"
+    expect_in "eval: accuracy" "$work/err"
+    expect_in "3 rows again without the cache" "$work/err"
+    python3 - "$work/r.jsonl" "$work/n.jsonl" "$work/sum.json" "$ex/stories.jsonl" <<'PY' || fail "bad eval output"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+plain = {r["id"]: r for r in map(json.loads, open(sys.argv[2]))}
+summary = json.loads(open(sys.argv[3]).read().strip().splitlines()[-1])
+data = [json.loads(l) for l in open(sys.argv[4])]
+assert [r["id"] for r in rows] == [d["id"] for d in data], [r["id"] for r in rows]
+answered = 0
+for r, d in zip(rows, data):
+    assert r["prompt_tokens"] > r["cached_tokens"] > 0, r
+    assert plain[r["id"]]["cached_tokens"] == 0
+    if "choices" in d:
+        assert len(r["choices"]) == len(d["choices"])
+        for c, p in zip(r["choices"], plain[r["id"]]["choices"]):
+            assert c["logprob"] < 0 and len(c["tokens"]) == len(c["logprob_per_token"]) > 0
+            assert abs(c["logprob"] - sum(c["logprob_per_token"])) < 1e-6
+            if "modules" not in d:  # every module, a prefix: the cache changes nothing
+                assert all(abs(a - b) < 1e-4 for a, b in zip(c["logprob_per_token"], p["logprob_per_token"]))
+        best = max(range(len(r["choices"])), key=lambda k: r["choices"][k]["logprob"])
+        assert r["pred"] == best, r
+        answer = d["answer"] if isinstance(d["answer"], int) else d["choices"].index(d["answer"])
+        assert r["correct"] == (r["pred"] == answer)
+        answered += 1
+    else:
+        assert len(r["text"]) > 10, r
+        assert r["text"] == plain[r["id"]]["text"]
+assert summary["rows"] == len(data) and summary["failed"] == 0 and summary["answered"] == answered
+assert summary["accuracy"] == sum(r.get("correct", False) for r in rows) / answered
+assert summary["accuracy"] >= 0.5, summary  # the real model knows how these stories end
+assert summary["check"]["rows"] == 3
+print("stories260K accuracy:", summary["accuracy"], "rows/s:", round(summary["rows_per_s"], 1))
+PY
+    ;;
+  eval_resume)
+    # A run killed with SIGKILL mid-way and run again: every id exactly once, with the rows of the
+    # first run kept; a line cut short by the kill is removed and its row run again.
+    tiny
+    printf '%s\n' '<schema name="quiz"><module name="rules">Answer the question about the trip.</module>' \
+      '<module name="shots">Q: Where is the hotel? A: near the sea. Q: When do we leave? A: at noon.</module></schema>' >"$work/s.xml"
+    python3 - "$work/d.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for i in range(600):
+        row = {"id": i, "prompt": "Q: question number %d about the trip? A:" % i}
+        if i % 2:
+            row["choices"] = ["yes", "no, at noon", "near the sea"][: 2 + i % 4 // 2]
+            row["answer"] = 1
+        else:
+            row["max_tokens"] = 12
+        f.write(json.dumps(row) + "\n")
+PY
+    args=(eval --model "$work/tiny" --schema "$work/s.xml" --data "$work/d.jsonl" --out "$work/r.jsonl" --batch 4)
+    "$pc" "${args[@]}" >/dev/null 2>"$work/1.err" &
+    pid=$!
+    for _ in $(seq 1200); do
+      [ -f "$work/r.jsonl" ] && [ "$(wc -l <"$work/r.jsonl")" -ge 40 ] && break
+      sleep 0.05
+    done
+    kill -9 $pid 2>/dev/null || fail "the run ended before it could be killed: $(cat "$work/1.err")"
+    wait $pid 2>/dev/null
+    first=$(wc -l <"$work/r.jsonl")
+    { [ "$first" -ge 40 ] && [ "$first" -lt 600 ]; } || fail "killed after $first rows"
+    cp "$work/r.jsonl" "$work/first.jsonl"
+    printf '{"id": 99999, "text": "cut sh' >>"$work/r.jsonl"  # as if the kill hit a write
+    "$pc" "${args[@]}" --json >"$work/sum.json" 2>"$work/2.err" || fail "rerun: $(cat "$work/2.err")"
+    expect_in "the last line was cut short" "$work/2.err"
+    python3 - "$work/r.jsonl" "$work/first.jsonl" "$work/sum.json" "$first" <<'PY' || fail "resume lost or repeated rows"
+import collections, json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+first = [json.loads(l) for l in open(sys.argv[2])]
+summary = json.loads(open(sys.argv[3]).read().strip().splitlines()[-1])
+ids = collections.Counter(r["id"] for r in rows)
+assert sorted(ids) == list(range(600)), sorted(set(range(600)) - set(ids))
+assert max(ids.values()) == 1, [i for i, n in ids.items() if n > 1]
+assert rows[: len(first)] == first  # the first run's rows are kept as they were
+assert summary["resumed"] == int(sys.argv[4]) and summary["rows"] == 600 - int(sys.argv[4]), summary
+assert summary["answered"] == 300 and summary["failed"] == 0, summary
+PY
+    # A third run has nothing left to do.
+    "$pc" "${args[@]}" --json >"$work/sum3.json" 2>/dev/null || fail "third run"
+    python3 -c 'import json,sys; s=json.loads(open(sys.argv[1]).read().splitlines()[-1]); assert s["rows"] == 0 and s["resumed"] == 600, s' "$work/sum3.json" || fail "third run ran rows"
+    [ "$(wc -l <"$work/r.jsonl")" = 600 ] || fail "third run wrote lines"
+    ;;
+  eval_bad_lines)
+    # Bad lines are reported with their line numbers and skipped; every good row is answered, in
+    # a batch that mixes module sets and lengths; --strict stops at the first bad line after
+    # answering the rows before it.
+    tiny
+    python3 - "$work" <<'PY'
+import json, sys
+work = sys.argv[1]
+open(work + "/s.xml", "w").write(
+    '<schema name="quiz"><module name="rules">Answer the question.</module>\n'
+    '<union scaffold="a"><module name="a">Q: Where is the hotel? A: near the sea.</module>\n'
+    '<module name="b">Q: When do we leave? A: at noon, after lunch, with the bus.</module></union>\n'
+    '<module name="note">Note <parameter name="who" length="4" scaffold="someone"/> is coming.</module>'
+    '</schema>\n')
+lines = [
+    json.dumps({"id": "ok1", "prompt": "Q: Where? A:", "choices": ["sea", "mountain"], "answer": 0}),
+    "this is not json",
+    json.dumps({"id": "unknown", "modules": ["rules", "nope"], "prompt": "Q: A:", "choices": ["x"]}),
+    json.dumps({"id": "notlist", "prompt": "Q: A:", "choices": "yes"}),
+    json.dumps({"id": "long", "prompt": "the cat sat on the mat. " * 700, "choices": ["x"]}),
+    "",
+    json.dumps({"id": "ok2", "modules": [{"name": "note", "arguments": {"who": "Tom"}}],
+                "prompt": "Who is coming?", "choices": ["Tom", "nobody at all"], "answer": "Tom"}),
+    '{"id": "deep", "prompt": "x", "extra": ' + "[" * 200 + "]" * 200 + "}",
+    json.dumps({"id": "union", "modules": ["a", "b"], "prompt": "x", "choices": ["y"]}),
+    json.dumps({"id": "badanswer", "prompt": "Q: A:", "choices": ["a", "b"], "answer": 5}),
+    json.dumps({"id": "ok1", "prompt": "again", "max_tokens": 3}),
+    json.dumps({"id": "ok3", "modules": [{"name": "b"}], "prompt": "Q: When? A:", "max_tokens": 5}),
+    json.dumps({"prompt": "Q: A: ", "choices": ["a", "bb", "ccc"]}),
+]
+open(work + "/d.jsonl", "w").write("\n".join(lines) + "\n")
+PY
+    "$pc" eval --model "$work/tiny" --schema "$work/s.xml" --data "$work/d.jsonl" --out "$work/r.jsonl" \
+      --batch 8 --json >"$work/sum.json" 2>"$work/err" || fail "eval exit $?: $(cat "$work/err")"
+    for expected in "d.jsonl:2: the line is not valid JSON" "d.jsonl:3: schema 'quiz' has no module 'nope'" \
+      "d.jsonl:4: 'choices' must be a list" "d.jsonl:5: the prompt needs positions up to" \
+      "d.jsonl:8: the line nests deeper than 64" "d.jsonl:9: modules 'a' and 'b' are members of one union" \
+      "d.jsonl:10: 'answer' 5 is not an index" "d.jsonl:11: id \"ok1\" was already used at line 1"; do
+      expect_in "$expected" "$work/err"
+    done
+    python3 - "$work/r.jsonl" "$work/sum.json" <<'PY' || fail "wrong rows: $(cat "$work/r.jsonl")"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+summary = json.loads(open(sys.argv[2]).read().strip().splitlines()[-1])
+assert [r["id"] for r in rows] == ["ok1", "ok2", "ok3", 13], [r["id"] for r in rows]
+assert summary["failed"] == 8 and summary["rows"] == 4, summary
+assert rows[1]["correct"] in (True, False) and "text" in rows[2] and len(rows[3]["choices"]) == 3
+assert len({r["cached_tokens"] for r in rows[:3]}) == 3, rows
+PY
+    # Each row of that mixed batch equals the row run alone (--batch 1).
+    "$pc" eval --model "$work/tiny" --schema "$work/s.xml" --data "$work/d.jsonl" --out "$work/one.jsonl" \
+      --batch 1 >/dev/null 2>&1 || fail "eval --batch 1"
+    python3 - "$work/r.jsonl" "$work/one.jsonl" <<'PY' || fail "a batched row differs from the row alone"
+import json, sys
+a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+assert [r["id"] for r in a] == [r["id"] for r in b]
+for x, y in zip(a, b):
+    if "text" in x:
+        assert x["text"] == y["text"], (x, y)
+        continue
+    for c, d in zip(x["choices"], y["choices"]):
+        assert c["tokens"] == d["tokens"]
+        assert all(abs(p - q) < 1e-4 for p, q in zip(c["logprob_per_token"], d["logprob_per_token"])), (c, d)
+PY
+    "$pc" eval --model "$work/tiny" --schema "$work/s.xml" --data "$work/d.jsonl" --out "$work/strict.jsonl" \
+      --strict >/dev/null 2>"$work/strict.err"
+    [ $? -eq 1 ] || fail "--strict: expected exit 1"
+    expect_in "d.jsonl:2:" "$work/strict.err"
+    grep -q "d.jsonl:3:" "$work/strict.err" && fail "--strict went on after the first bad line"
+    [ "$(wc -l <"$work/strict.jsonl")" = 1 ] || fail "--strict: the row before the bad line is missing"
+    # --limit: only the first N rows (bad ones count).
+    "$pc" eval --model "$work/tiny" --schema "$work/s.xml" --data "$work/d.jsonl" --out "$work/lim.jsonl" \
+      --limit 2 --json >"$work/lim.json" 2>/dev/null || fail "--limit"
+    python3 -c 'import json,sys; s=json.loads(open(sys.argv[1]).read().splitlines()[-1]); assert s["rows"] == 1 and s["failed"] == 1, s' "$work/lim.json" || fail "--limit counted wrong"
+    ;;
   *) fail "unknown case" ;;
 esac
 echo "PASS ($case_name)"
