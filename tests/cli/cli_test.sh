@@ -496,7 +496,7 @@ PY
   eval_stories260k)
     # examples/eval on the real model: every row answered once, scores that are log-probabilities,
     # a prediction per scored row, an accuracy; the same numbers without the cache.
-    [ -f "$stories/model.safetensors" ] || { echo "SKIPPED: $stories is absent"; exit 77; }
+    need_stories
     ex="$src/examples/eval"
     "$pc" eval --model "$stories" --template plain --schema "$ex/stories.xml" --data "$ex/stories.jsonl" \
       --out "$work/r.jsonl" --json --check 3 >"$work/sum.json" 2>"$work/err" || fail "eval: $(cat "$work/err")"
