@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
   const int new_tokens = flags.integer("new", 16), repeats = flags.integer("repeats", 3);
   const bool uneven = flags.integer("uneven", 0) != 0;
   const std::string shape = flags.text("shape", "bench-small");
-  const std::string device = flags.text("device", "cpu"), dtype = flags.text("dtype", "f32");
+  const std::string device = flags.text("device", "cpu"), dtype = flags.text("dtype", "");
   if (docs < 1 || select < 1 || select > docs || doc_tokens < 1 || fresh < 1 || new_tokens < 1 ||
       repeats < 1) {
     std::cerr << "bench_batch: need 1 <= --select <= --docs and positive --doc-tokens, --fresh, "

@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
   const int repeats = std::max(1, flags.integer("repeats", 3));
   const auto applied = configure_threads(0);
   auto engine_owner =
-      bench::synthetic_engine("bench_cache_file", flags.text("shape", "bench-small"), "cpu", "f32",
+      bench::synthetic_engine("bench_cache_file", flags.text("shape", "bench-small"), "cpu", "",
                               flags.text("weights", ""), flags.text("kv-dtype", ""));
   Engine& engine = *engine_owner;
   namespace fs = std::filesystem;

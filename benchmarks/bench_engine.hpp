@@ -16,25 +16,31 @@
 
 namespace promptcache::bench {
 
-// An engine over a synthetic model of `shape` (deterministic random weights) on `device` in
-// `dtype`, with the built-in tokenizer and the plain chat template.
-// `weights` is the weights' dtype (f32, bf16, f16, q8; empty: `dtype`).
-inline std::unique_ptr<Engine> synthetic_engine(const std::string& program,
-                                                const std::string& shape, const std::string& device,
-                                                const std::string& dtype,
-                                                const std::string& weights = "",
-                                                const std::string& kv_dtype = "",
-                                                EngineOptions options = {}) {
+// An engine over a synthetic model of `shape` (deterministic random weights, stored in
+// `checkpoint` as a checkpoint folder stores them: bf16 by default, as current HuggingFace models
+// ship) on `device`, with the built-in tokenizer and the plain chat template. `dtype` is the
+// compute dtype, `weights` the weights' (f32, bf16, f16, q8), `kv_dtype` the KV cache's; each
+// empty: chosen for the checkpoint as for a user's folder (choose_dtypes).
+inline std::unique_ptr<Engine> synthetic_engine(
+    const std::string& program, const std::string& shape, const std::string& device,
+    const std::string& dtype, const std::string& weights = "", const std::string& kv_dtype = "",
+    const std::string& checkpoint = "bf16", EngineOptions options = {}) {
   const ModelConfig config = synthetic_config(shape);
-  std::cerr << program << ": making " << shape << " model and tokenizer...\n";
+  std::cerr << program << ": making " << shape << " model (" << checkpoint
+            << " checkpoint) and tokenizer...\n";
   options.chat_template = "plain";
   options.load.device = parse_device(device);
-  options.load.dtype = parse_dtype(dtype);
+  if (!dtype.empty()) options.load.dtype = parse_dtype(dtype);
   if (!weights.empty()) options.load.weights = parse_weight_dtype(weights);
   if (!kv_dtype.empty()) options.load.kv_dtype = parse_dtype(kv_dtype);
-  return std::make_unique<Engine>(
-      LlamaModel::from_tensors(config, random_llama_weights(config, 1, 0.02), options.load),
-      bench_tokenizer(), options);
+  std::map<std::string, torch::Tensor> stored;
+  for (auto& [name, t] : random_llama_weights(config, 1, 0.02)) {
+    stored[name] = t.to(parse_dtype(checkpoint.empty() ? "bf16" : checkpoint));
+  }
+  auto model = LlamaModel::from_tensors(config, stored, options.load);
+  std::cerr << program << ": weights " << dtype_name(model->weight_dtype()) << ", compute "
+            << dtype_name(model->dtype()) << ", KV " << dtype_name(model->kv_dtype()) << "\n";
+  return std::make_unique<Engine>(std::move(model), bench_tokenizer(), options);
 }
 
 // A document-QA schema `name` of `tokens` tokens: BOS + modules of 128 tokens of the corpus
@@ -62,13 +68,14 @@ inline std::pair<std::string, std::string> document_schema(const Tokenizer& toke
 // What a result line records about the run: attention, LibTorch version, device, dtype, the
 // weights' dtype and resident bytes, threads.
 inline nlohmann::json run_facts(const Engine& engine, const std::string& device,
-                                const std::string& dtype, const ThreadSettings& threads) {
+                                const std::string& /*dtype*/, const ThreadSettings& threads) {
   return {{"attention", engine.model().attention_name()},
           {"torch_version", std::to_string(TORCH_VERSION_MAJOR) + "." +
                                 std::to_string(TORCH_VERSION_MINOR) + "." +
                                 std::to_string(TORCH_VERSION_PATCH)},
           {"device", device},
-          {"dtype", dtype},
+          {"dtype", dtype_name(engine.model().dtype())},
+          {"checkpoint", dtype_name(engine.model().dtype_choice().checkpoint)},
           {"weights", dtype_name(engine.model().weight_dtype())},
           {"weight_bytes", engine.model().weight_bytes()},
           {"kv_dtype", dtype_name(engine.model().kv_dtype())},

@@ -12,9 +12,15 @@
 //    and how close the calls were: the no-cache margin (top-1 minus top-2 log-probability) where
 //    the continuations diverge, and the share of prompts whose first token wins by < 0.1 nats.
 //    --select-layer L: the deviation criterion's layer (RecomputeOptions::select_layer).
+//    --precision f32,default (the default: both, one line each, side by side): "f32" is the
+//    model as stored (stories260K is an f32 file: f32 weights and states), "default" the same
+//    model stored in bf16 (converted by the bench into a temporary folder, as HF ships current
+//    models) and loaded with no dtype set: bf16 weights mapped as stored, bf16 module states,
+//    f32 compute (choose_dtypes). Each line names its precision, weights and KV dtype.
 //  * floor (same model and prompts): the no-cache answers of an f32 engine against those of
-//    engines with a bf16/f16 KV cache or bf16/q8 weights: how much accepted arithmetic changes
-//    flip the same near-ties (not run by default).
+//    engines with a bf16/f16 KV cache, bf16/q8 weights, or the bf16 checkpoint at the defaults
+//    (bf16 weights and states): how much accepted arithmetic changes flip the same near-ties
+//    (not run by default).
 //  * speed (a synthetic --shape model, default bench-small): a --schema-token (default 2048)
 //    document schema of 128-token modules, a prompt selecting all but its second module, then
 //    --fresh (default 16) fresh tokens. Cached TTFT at every r and criterion against the
@@ -24,12 +30,15 @@
 //   build/benchmarks/bench_fidelity [--part fidelity,speed,floor] [--recompute
 //   0,0.05,0.1,0.2,0.3,0.5,1]
 //       [--criteria deviation,boundary] [--prompts 200] [--seed 7] [--tokens 32] [--model DIR]
-//       [--select-layer 1]
+//       [--select-layer 1] [--precision f32,default]
 //       [--shape bench-small] [--schema 2048] [--fresh 16] [--repeats 3] [--threads N]
 #include <torch/types.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -37,6 +46,7 @@
 #include "bench_common.hpp"
 #include "bench_engine.hpp"
 #include "promptcache/fidelity.hpp"
+#include "promptcache/model/safetensors.hpp"
 #include "promptcache/model/threads.hpp"
 #include "promptcache/recompute.hpp"
 
@@ -130,6 +140,39 @@ std::string story_model_dir(const bench::Flags& flags, const std::string& part) 
   return {};
 }
 
+// A copy of the model folder `dir` with its tensors stored in bf16 (made once per run), or `dir`
+// itself when its matrices are stored in bf16 already.
+std::string bf16_folder(const std::string& dir) {
+  namespace fs = std::filesystem;
+  static std::map<std::string, std::string> made;
+  auto& out = made[dir];
+  if (!out.empty()) return out;
+  const auto checkpoint = SafetensorsCheckpoint::open_folder(dir);
+  std::map<std::string, torch::Tensor> w;
+  for (const auto& name : checkpoint.names()) w[name] = checkpoint.tensor(name);
+  if (checkpoint_dtype(w).first == torch::kBFloat16) return out = dir;
+  const fs::path to =
+      fs::temp_directory_path() / ("bench_fidelity-bf16-" + std::to_string(::getpid()));
+  fs::create_directories(to);
+  for (auto& entry : w) entry.second = entry.second.to(torch::kBFloat16);
+  write_safetensors((to / "model.safetensors").string(), w, {{"format", "pt"}});
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().extension() != ".safetensors" && entry.is_regular_file()) {
+      fs::copy_file(entry.path(), to / entry.path().filename(),
+                    fs::copy_options::overwrite_existing);
+    }
+  }
+  // Removed when the bench ends.
+  static const struct Cleanup {
+    fs::path path;
+    ~Cleanup() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  } cleanup{to};
+  return out = to.string();
+}
+
 // An engine on the story model with the four story schemas.
 std::unique_ptr<Engine> story_engine(const std::string& dir, const LoadOptions& load = {}) {
   EngineOptions options;
@@ -146,51 +189,69 @@ void fidelity_part(const bench::Flags& flags, const std::vector<double>& fractio
                    const std::vector<std::string>& criteria) {
   const std::string dir = story_model_dir(flags, "fidelity");
   if (dir.empty()) return;
-  auto engine = story_engine(dir);
   const int count = flags.integer("prompts", 200);
   const auto seed = static_cast<unsigned>(flags.integer("seed", 7));
   const int tokens = flags.integer("tokens", 32);
   std::vector<pml::Prompt> prompts;
   for (const auto& xml : make_prompts(count, seed))
     prompts.push_back(pml::parse_prompt_string(xml));
+  // Side by side: each setting at f32 and at the defaults of a bf16 checkpoint.
+  std::vector<std::pair<std::string, std::unique_ptr<Engine>>> engines;
+  for (const auto& precision : flags.words("precision", "f32,default")) {
+    if (precision == "f32") {
+      LoadOptions f32;
+      f32.dtype = f32.weights = f32.kv_dtype = torch::kFloat32;
+      engines.emplace_back(precision, story_engine(dir, f32));
+    } else if (precision == "default") {
+      engines.emplace_back(precision, story_engine(bf16_folder(dir)));
+    } else {
+      std::cerr << "bench_fidelity: unknown --precision " << precision << " (f32, default)\n";
+      std::exit(2);
+    }
+  }
   for (const auto& criterion : criteria) {
     for (double r : fractions) {
       if (r == 0 && criterion != criteria.front()) continue;  // r = 0 runs no criterion
-      FidelityOptions fo;
-      fo.tokens = tokens;
-      fo.recompute = {r, parse_recompute_criterion(criterion), flags.integer("select-layer", 1)};
-      std::vector<PromptFidelity> results;
-      int exact24 = 0, close_calls = 0;
-      for (const auto& p : prompts) {
-        results.push_back(measure_fidelity(*engine, p, fo));
-        const auto& f = results.back();
-        exact24 += f.exact || f.agreed_tokens >= 24 ? 1 : 0;
-        close_calls += f.first_token_margin < 0.1 ? 1 : 0;
+      for (const auto& [precision, engine] : engines) {
+        FidelityOptions fo;
+        fo.tokens = tokens;
+        fo.recompute = {r, parse_recompute_criterion(criterion), flags.integer("select-layer", 1)};
+        std::vector<PromptFidelity> results;
+        int exact24 = 0, close_calls = 0;
+        for (const auto& p : prompts) {
+          results.push_back(measure_fidelity(*engine, p, fo));
+          const auto& f = results.back();
+          exact24 += f.exact || f.agreed_tokens >= 24 ? 1 : 0;
+          close_calls += f.first_token_margin < 0.1 ? 1 : 0;
+        }
+        const auto s = summarize_fidelity(results);
+        nlohmann::json j = {{"bench", "fidelity"},
+                            {"model", "stories260K"},
+                            {"prompts", s.prompts},
+                            {"seed", seed},
+                            {"recompute", r},
+                            {"criterion", r == 0 ? "none" : criterion},
+                            {"select_layer", flags.integer("select-layer", 1)},
+                            {"recomputed_share", s.recomputed_share},
+                            {"first_token_agreement", s.first_token_agreement},
+                            {"mean_first_token_kl", s.mean_first_token_kl},
+                            {"exact_24", static_cast<double>(exact24) / s.prompts},
+                            {"tokens", tokens},
+                            {"exact_" + std::to_string(tokens), s.exact_agreement},
+                            {"mean_agreed_tokens", s.mean_agreed_tokens},
+                            {"logprob_per_token", s.mean_logprob_per_token},
+                            {"baseline_logprob_per_token", s.mean_baseline_logprob_per_token},
+                            {"median_divergence_margin", s.median_divergence_margin},
+                            {"near_tie_divergences", s.near_tie_divergences},
+                            // prompts whose no-cache first token wins by < 0.1 nats
+                            {"close_first_tokens", static_cast<double>(close_calls) / s.prompts},
+                            {"cached_ttft_ms", s.cached_ttft_ms},
+                            {"baseline_ttft_ms", s.baseline_ttft_ms},
+                            {"precision", precision},
+                            {"weights", dtype_name(engine->model().weight_dtype())},
+                            {"kv_dtype", dtype_name(engine->model().kv_dtype())}};
+        std::cout << j.dump() << std::endl;
       }
-      const auto s = summarize_fidelity(results);
-      nlohmann::json j = {{"bench", "fidelity"},
-                          {"model", "stories260K"},
-                          {"prompts", s.prompts},
-                          {"seed", seed},
-                          {"recompute", r},
-                          {"criterion", r == 0 ? "none" : criterion},
-                          {"select_layer", flags.integer("select-layer", 1)},
-                          {"recomputed_share", s.recomputed_share},
-                          {"first_token_agreement", s.first_token_agreement},
-                          {"mean_first_token_kl", s.mean_first_token_kl},
-                          {"exact_24", static_cast<double>(exact24) / s.prompts},
-                          {"tokens", tokens},
-                          {"exact_" + std::to_string(tokens), s.exact_agreement},
-                          {"mean_agreed_tokens", s.mean_agreed_tokens},
-                          {"logprob_per_token", s.mean_logprob_per_token},
-                          {"baseline_logprob_per_token", s.mean_baseline_logprob_per_token},
-                          {"median_divergence_margin", s.median_divergence_margin},
-                          {"near_tie_divergences", s.near_tie_divergences},
-                          // prompts whose no-cache first token wins by < 0.1 nats
-                          {"close_first_tokens", static_cast<double>(close_calls) / s.prompts},
-                          {"cached_ttft_ms", s.cached_ttft_ms},
-                          {"baseline_ttft_ms", s.baseline_ttft_ms}};
-      std::cout << j.dump() << std::endl;
     }
   }
 }
@@ -203,7 +264,9 @@ void fidelity_part(const bench::Flags& flags, const std::vector<double>& fractio
 void floor_part(const bench::Flags& flags) {
   const std::string dir = story_model_dir(flags, "floor");
   if (dir.empty()) return;
-  const auto reference = story_engine(dir);
+  LoadOptions f32;
+  f32.dtype = f32.weights = f32.kv_dtype = torch::kFloat32;
+  const auto reference = story_engine(dir, f32);
   const int count = flags.integer("prompts", 200);
   const auto seed = static_cast<unsigned>(flags.integer("seed", 7));
   const int tokens = flags.integer("tokens", 32);
@@ -215,18 +278,23 @@ void floor_part(const bench::Flags& flags) {
     std::string name;
     LoadOptions load;
   };
-  std::vector<Perturbation> perturbations(4);
+  std::vector<Perturbation> perturbations(5);
   perturbations[0] = {"kv bf16", {}};
   perturbations[0].load.kv_dtype = torch::kBFloat16;
   perturbations[1] = {"kv f16", {}};
   perturbations[1].load.kv_dtype = torch::kFloat16;
   perturbations[2] = {"weights bf16", {}};
   perturbations[2].load.weights = torch::kBFloat16;
+  perturbations[2].load.kv_dtype = torch::kFloat32;  // the weights alone
   perturbations[3] = {"weights q8", {}};
   perturbations[3].load.weights = torch::kInt8;
+  // The model stored in bf16, loaded with nothing set: bf16 weights and bf16 states.
+  perturbations[4] = {"bf16 checkpoint, defaults", {}};
   const auto xmls = make_prompts(count, seed);
   for (const auto& perturbation : perturbations) {
-    const auto other = story_engine(dir, perturbation.load);
+    const auto other = perturbation.name == "bf16 checkpoint, defaults"
+                           ? story_engine(bf16_folder(dir))
+                           : story_engine(dir, perturbation.load);
     int first = 0, exact = 0, exact24 = 0;
     double kl = 0, agreed = 0;
     for (const auto& xml : xmls) {
@@ -265,7 +333,7 @@ void floor_part(const bench::Flags& flags) {
 void speed_part(const bench::Flags& flags, const std::vector<double>& fractions,
                 const std::vector<std::string>& criteria, const ThreadSettings& threads) {
   const std::string shape = flags.text("shape", "bench-small");
-  const auto owner = bench::synthetic_engine("bench_fidelity", shape, "cpu", "f32");
+  const auto owner = bench::synthetic_engine("bench_fidelity", shape, "cpu", "");
   Engine& engine = *owner;
   const auto words = bench::corpus_words();
   const int schema_tokens = flags.integer("schema", 2048), fresh = flags.integer("fresh", 16);
@@ -361,9 +429,10 @@ void speed_part(const bench::Flags& flags, const std::vector<double>& fractions,
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bench::Flags flags(argc, argv, "bench_fidelity",
-                           {"part", "recompute", "criteria", "prompts", "seed", "tokens", "model",
-                            "shape", "schema", "fresh", "repeats", "threads", "select-layer"});
+  const bench::Flags flags(
+      argc, argv, "bench_fidelity",
+      {"part", "recompute", "criteria", "prompts", "seed", "tokens", "model", "shape", "schema",
+       "fresh", "repeats", "threads", "select-layer", "precision"});
   const auto threads = configure_threads(flags.integer("threads", 0));
   const auto fractions = parse_doubles(flags.text("recompute", "0,0.05,0.1,0.2,0.3,0.5,1"));
   const auto criteria = flags.words("criteria", "deviation,boundary");

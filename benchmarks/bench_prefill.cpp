@@ -1,18 +1,23 @@
 // bench_prefill — prefill and decode speed of the Llama forward on the synthetic bench-small model,
 // compared with a plain torch::matmul of comparable size measured in the same run.
 //
-//   build-bench/benchmarks/bench_prefill [--tokens 16,32,...,2048] [--weights f32,bf16,f16,q8]
-//       [--shape bench-small|tinyllama-1.1b] [--threads N] [--torch-threads N] [--repeats R]
-//       [--decode-steps D] [--kv-dtype f32,bf16,f16] [--breakdown]
+//   build-bench/benchmarks/bench_prefill [--tokens 16,32,...,2048]
+//       [--weights default,f32,bf16,f16,q8] [--kv-dtype default,f32,bf16,f16]
+//       [--checkpoint bf16|f16|f32] [--shape bench-small|tinyllama-1.1b] [--threads N]
+//       [--torch-threads N] [--repeats R] [--decode-steps D] [--breakdown]
 //
-// One JSON line per weights dtype, KV-cache dtype and token count, with the weights' resident
-// bytes. The decode steps run after the prefill, over its n tokens of context: with long inputs
-// they show what a bf16/f16 KV cache (half the bytes the attention reads) saves. Times are the
-// BEST of R repeats (the machine is shared with builds, so the minimum is the least disturbed
-// measurement); the median prefill time is printed too. --breakdown also times the parts of one
-// decoder layer (re-implemented here with the same LibTorch calls as src/model/llama.cpp) to show
-// where the prefill time goes; its layer_sum_ms adds up the parts of the full-square attention,
-// attention_core_blocked256_ms is what the blocked 1.x path costs instead.
+// The synthetic checkpoint is stored in --checkpoint (default bf16, as current HuggingFace models
+// ship); "default" (the default of both lists) leaves the dtype unset, so the model chooses it
+// for that checkpoint as a user's does (choose_dtypes: bf16 weights mapped as stored, bf16 KV,
+// f32 compute on the CPU). One JSON line per weights setting, KV setting and token count, with
+// the dtypes chosen and the weights' resident bytes. The decode steps run after the prefill, over
+// its n tokens of context: with long inputs they show what a bf16/f16 KV cache (half the bytes the
+// attention reads) saves. Times are the BEST of R repeats (the machine is shared with builds, so
+// the minimum is the least disturbed measurement); the median prefill time is printed too.
+// --breakdown also times the parts of one decoder layer (re-implemented here with the same LibTorch
+// calls as src/model/llama.cpp) to show where the prefill time goes; its layer_sum_ms adds up the
+// parts of the full-square attention, attention_core_blocked256_ms is what the blocked 1.x path
+// costs instead.
 #include <ATen/ATen.h>
 #include <torch/types.h>
 
@@ -44,8 +49,9 @@ struct Args {
   // The few-row kernels' range (to kCpuLinearMaxRows = 256) in steps, so a cliff shows, then
   // the long inputs.
   std::vector<int64_t> tokens{16, 32, 64, 96, 128, 192, 256, 512, 1024, 2048};
-  std::vector<std::string> weights{"f32"};
-  std::vector<std::string> kv_dtypes{"f32"};
+  std::vector<std::string> weights{"default"};
+  std::vector<std::string> kv_dtypes{"default"};
+  std::string checkpoint = "bf16";
   std::string shape = "bench-small";
   int threads = 0;
   int torch_threads = 0;
@@ -57,9 +63,9 @@ struct Args {
 [[noreturn]] void usage(const std::string& problem) {
   std::cerr << "bench_prefill: " << problem
             << "\nusage: bench_prefill [--tokens 16,32,64,96,128,192,256,512,1024,2048] "
-               "[--weights f32,bf16,f16,q8] [--shape bench-small|tinyllama-1.1b] [--threads N] "
-               "[--torch-threads N] [--repeats R] [--decode-steps D] [--kv-dtype f32,bf16,f16] "
-               "[--breakdown]\n";
+               "[--weights default,f32,bf16,f16,q8] [--kv-dtype default,f32,bf16,f16] "
+               "[--checkpoint bf16|f16|f32] [--shape bench-small|tinyllama-1.1b] [--threads N] "
+               "[--torch-threads N] [--repeats R] [--decode-steps D] [--breakdown]\n";
   std::exit(2);
 }
 
@@ -94,7 +100,7 @@ Args parse_args(int argc, char** argv) {
       std::string item;
       while (std::getline(ss, item, ',')) {
         try {
-          pc::parse_weight_dtype(item);
+          if (item != "default") pc::parse_weight_dtype(item);
         } catch (const std::exception& e) {
           usage(std::string("--weights: ") + e.what());
         }
@@ -107,13 +113,20 @@ Args parse_args(int argc, char** argv) {
       std::string item;
       while (std::getline(ss, item, ',')) {
         try {
-          pc::parse_dtype(item);
+          if (item != "default") pc::parse_dtype(item);
         } catch (const std::exception& e) {
           usage(std::string("--kv-dtype: ") + e.what());
         }
         a.kv_dtypes.push_back(item);
       }
       if (a.kv_dtypes.empty()) usage("--kv-dtype needs at least one dtype");
+    } else if (flag == "--checkpoint") {
+      try {
+        pc::parse_dtype(value);
+      } catch (const std::exception& e) {
+        usage(std::string("--checkpoint: ") + e.what());
+      }
+      a.checkpoint = value;
     } else if (flag == "--shape") {
       a.shape = value;
     } else if (flag == "--threads") {
@@ -289,15 +302,27 @@ int main(int argc, char** argv) {
   const pc::ThreadSettings applied = pc::configure_threads(args.threads, args.torch_threads);
 
   const pc::ModelConfig config = pc::synthetic_config(args.shape);
-  const auto weights = pc::random_llama_weights(config, /*seed=*/1, 0.02);
-  for (const std::string& weights_dtype : args.weights) {
-    for (const std::string& kv_dtype : args.kv_dtypes) {
+  // The checkpoint as stored (what a folder of that dtype maps).
+  std::map<std::string, torch::Tensor> weights;
+  for (auto& [name, t] : pc::random_llama_weights(config, /*seed=*/1, 0.02)) {
+    weights[name] = t.to(pc::parse_dtype(args.checkpoint));
+  }
+  // The breakdown's plain LibTorch calls take f32 (the checkpoint's values).
+  std::map<std::string, torch::Tensor> breakdown_weights;
+  if (args.breakdown) {
+    for (const auto& [name, t] : weights) breakdown_weights[name] = t.to(torch::kFloat32);
+  }
+  for (const std::string& weights_flag : args.weights) {
+    for (const std::string& kv_flag : args.kv_dtypes) {
       pc::LoadOptions load;
-      load.weights = pc::parse_weight_dtype(weights_dtype);
-      load.kv_dtype = pc::parse_dtype(kv_dtype);
-      std::cerr << "bench_prefill: " << args.shape << " with " << weights_dtype
-                << " weights, KV cache in " << kv_dtype << "\n";
+      if (weights_flag != "default") load.weights = pc::parse_weight_dtype(weights_flag);
+      if (kv_flag != "default") load.kv_dtype = pc::parse_dtype(kv_flag);
       const auto model = pc::LlamaModel::from_tensors(config, weights, load);
+      const std::string weights_dtype = pc::dtype_name(model->weight_dtype());
+      const std::string kv_dtype = pc::dtype_name(model->kv_dtype());
+      std::cerr << "bench_prefill: " << args.shape << " (" << args.checkpoint
+                << " checkpoint) with " << weights_dtype << " weights (" << weights_flag
+                << "), KV cache in " << kv_dtype << " (" << kv_flag << ")\n";
 
       torch::manual_seed(0);
       const int64_t max_n = *std::max_element(args.tokens.begin(), args.tokens.end());
@@ -336,6 +361,8 @@ int main(int argc, char** argv) {
         ordered_json j;
         j["bench"] = "prefill";
         j["shape"] = args.shape;
+        j["checkpoint"] = args.checkpoint;
+        j["settings"] = "weights " + weights_flag + ", kv " + kv_flag;
         j["weights"] = weights_dtype;
         j["weight_bytes"] = model->weight_bytes();
         j["kv_dtype"] = kv_dtype;
@@ -355,7 +382,8 @@ int main(int argc, char** argv) {
         j["prefill_ms_median"] = pc::bench::median_time(prefill_ms);
         std::cout << j.dump() << std::endl;
         if (args.breakdown)
-          std::cout << layer_breakdown(config, weights, n, args.repeats).dump() << std::endl;
+          std::cout << layer_breakdown(config, breakdown_weights, n, args.repeats).dump()
+                    << std::endl;
       }
     }
   }

@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
   const char* secret = std::getenv("PROMPTCACHE_CACHE_SECRET");
   options.cache_secret = secret != nullptr && *secret != '\0' ? secret : "bench_tiers";
   auto engine_owner = bench::synthetic_engine("bench_tiers", flags.text("shape", "bench-small"),
-                                              "cpu", "f32", "", "", options);
+                                              "cpu", "", "", "", "bf16", options);
   Engine& engine = *engine_owner;
   namespace fs = std::filesystem;
   const fs::path dir = flags.text("dir", "").empty()

@@ -18,11 +18,14 @@
 //   build/benchmarks/bench_ttft [--schema 512,1024,2048,4096] [--fresh 16,64] [--repeats 3]
 //                               [--threads N] [--shape bench-small] [--device cpu|cuda]
 //                               [--dtype f32|f16|bf16] [--weights f32|bf16|f16|q8]
-//                               [--kv-dtype f32|bf16|f16] [--kernels on|off|avx512|avx2,...]
-// --dtype is the compute dtype (activations; the KV cache and module states too unless
-// --kv-dtype); --weights the dtype the weight matrices are kept in (default: --dtype;
-// bf16/f16/q8 with f32 compute on the CPU); --kv-dtype the KV cache's and the stored states'
-// (bf16/f16 with f32 compute on the CPU: half the bytes to store, assemble and read).
+//                               [--kv-dtype f32|bf16|f16] [--checkpoint bf16|f16|f32]
+//                               [--kernels on|off|avx512|avx2,...]
+// The synthetic checkpoint is stored in --checkpoint (default bf16, as current HuggingFace
+// models ship). --dtype is the compute dtype, --weights the dtype the weight matrices are kept
+// in (bf16/f16/q8 with f32 compute on the CPU), --kv-dtype the KV cache's and the stored
+// states' (bf16/f16 with f32 compute on the CPU: half the bytes to store, assemble and read);
+// each unset, the model chooses it for the checkpoint as for a user's folder (on the CPU: f32
+// compute, weights as stored, bf16 KV with bf16 weights).
 #include <torch/types.h>
 
 #include <algorithm>
@@ -62,19 +65,20 @@ struct Samples {
 int main(int argc, char** argv) {
   const bench::Flags flags(argc, argv, "bench_ttft",
                            {"schema", "fresh", "repeats", "threads", "shape", "device", "dtype",
-                            "weights", "kv-dtype", "kernels"});
+                            "weights", "kv-dtype", "checkpoint", "kernels"});
   const auto schema_sizes = flags.list("schema", {512, 1024, 2048, 4096});
   const auto fresh_sizes = flags.list("fresh", {16, 64});
   const int repeats = flags.integer("repeats", 3), threads = flags.integer("threads", 0);
   const std::string shape = flags.text("shape", "bench-small");
-  const std::string device = flags.text("device", "cpu"), dtype = flags.text("dtype", "f32");
+  const std::string device = flags.text("device", "cpu"), dtype = flags.text("dtype", "");
   const auto applied = configure_threads(threads);
   const auto kernel_settings = bench::kernel_settings(
       "bench_ttft",
       flags.words("kernels", cpu_linear_kernel() == CpuLinearKernel::kNone ? "off" : "on"));
   select_cpu_linear(kernel_settings.front());  // for compiling
-  const auto engine_owner = bench::synthetic_engine(
-      "bench_ttft", shape, device, dtype, flags.text("weights", ""), flags.text("kv-dtype", ""));
+  const auto engine_owner =
+      bench::synthetic_engine("bench_ttft", shape, device, dtype, flags.text("weights", ""),
+                              flags.text("kv-dtype", ""), flags.text("checkpoint", "bf16"));
   Engine& engine = *engine_owner;
   const auto words = bench::corpus_words();
   auto make_schema = [&](const std::string& name, int tokens, std::size_t from) {

@@ -19,7 +19,9 @@ out = sys.argv[2]
 for r in rows:
     if r.get("criterion") in ("deviation", "impact") and r.get("select_layer", 1) != 1:
         r["criterion"] = f"{r['criterion']} L{r['select_layer']}"
-fid = [r for r in rows if r.get("bench") == "fidelity"]
+# The f32 lines (bench_fidelity --precision: the "default" lines, bf16 weights and states, are
+# the same prompts at the defaults of a bf16 checkpoint; docs/fidelity.md has them as a table).
+fid = [r for r in rows if r.get("bench") == "fidelity" and r.get("precision", "f32") == "f32"]
 speed = [r for r in rows if r.get("bench") == "fidelity_speed"]
 # The noise floor (bench_fidelity --part floor): no-cache answers under other arithmetic.
 floor = [r for r in rows if r.get("bench") == "fidelity_floor"]

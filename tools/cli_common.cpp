@@ -64,19 +64,20 @@ void add_model_options(CLI::App& app, ModelOptions& o, bool model_required) {
                      "tokenizer.model): Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3");
   if (model_required) model->required();
   app.add_option("--device", o.device, "cpu or cuda[:N]")->capture_default_str();
-  app.add_option(
-         "--dtype", o.dtype,
-         "compute dtype (activations; the KV cache and module states too unless --kv-dtype): "
-         "f32, f16 or bf16")
-      ->capture_default_str();
+  app.add_option("--dtype", o.dtype,
+                 "compute dtype (activations): f32, f16 or bf16 (default: f32 on the CPU; on "
+                 "a GPU the dtype the checkpoint stores its matrices in)");
   app.add_option("--weights", o.weights,
-                 "dtype the weights are kept in: f32, bf16, f16 or q8 (default: --dtype). With "
-                 "f32 compute on the CPU, bf16/f16 halve the weights' memory and q8 (8-bit "
-                 "blocks of 32 with an f16 scale, quantized at load) takes about a quarter");
+                 "dtype the weights are kept in: f32, bf16, f16 or q8 (default: as the "
+                 "checkpoint stores them, mapped from the file, where the compute dtype takes "
+                 "it; else --dtype). With f32 compute on the CPU, bf16/f16 halve the weights' "
+                 "memory and q8 (8-bit blocks of 32 with an f16 scale, quantized at load) takes "
+                 "about a quarter");
   app.add_option("--kv-dtype", o.kv_dtype,
                  "dtype of the KV cache and the stored module states: f32, bf16 or f16 "
-                 "(default: --dtype). With f32 compute on the CPU, bf16/f16 halve the states' "
-                 "memory, cache files and assembly bytes; the attention still computes in f32");
+                 "(default: bf16/f16 with bf16/f16 weights and f32 compute on the CPU, else the "
+                 "compute dtype). 16-bit states halve the states' memory, cache files and "
+                 "assembly bytes; the attention still computes in f32");
   app.add_option("--threads", o.threads, "CPU threads (0 = all cores)")
       ->capture_default_str()
       ->check(whole_number(0, std::numeric_limits<int>::max()));

@@ -24,9 +24,10 @@ struct Command {
 struct ModelOptions {
   std::string model_dir;
   std::string device = "cpu";
-  std::string dtype = "f32";
-  std::string weights;   // empty: as --dtype
-  std::string kv_dtype;  // --kv-dtype; empty: the compute dtype
+  // Empty: chosen for the checkpoint (choose_dtypes in promptcache/model/llama.hpp).
+  std::string dtype;
+  std::string weights;
+  std::string kv_dtype;  // --kv-dtype
   int threads = 0;
 };
 void add_model_options(CLI::App& app, ModelOptions& o, bool model_required = false);
@@ -53,6 +54,7 @@ Command register_cache(CLI::App& root);
 Command register_fidelity(CLI::App& root);
 Command register_serve(CLI::App& root);
 Command register_eval(CLI::App& root);
+Command register_info(CLI::App& root);
 
 // Number checks whose messages say what is wanted ("--max-new-tokens: expects a whole number
 // >= 0, got 'abc'"); CLI11's own checks print the range as 0.000000 to 1.797693e+308.

@@ -57,11 +57,8 @@ Command register_generate(CLI::App& root) {
                                   {"ttft_ms", r.timings.ttft_ms},
                                   {"prefill_tokens", r.timings.prefill_tokens},
                                   {"prefill_tokens_per_s", r.timings.prefill_tokens_per_s()},
-                                  {"decode_tokens_per_s", r.timings.decode_tokens_per_s()},
-                                  {"dtype", dtype_name(model->dtype())},
-                                  {"weights_dtype", dtype_name(model->weight_dtype())},
-                                  {"kv_dtype", dtype_name(model->kv_dtype())},
-                                  {"weight_bytes", model->weight_bytes()}};
+                                  {"decode_tokens_per_s", r.timings.decode_tokens_per_s()}};
+              j.update(dtype_json(*model));
               std::cout << j.dump() << "\n";
             } else {
               std::cout << "\n";

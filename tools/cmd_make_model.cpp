@@ -15,7 +15,7 @@ Command register_make_model(CLI::App& root) {
     std::string shape = "tiny";
     std::string out;
     std::uint64_t seed = 0;
-    std::string dtype = "f32";
+    std::string dtype;  // empty: bf16 for the full-size shapes, f32 for the tiny ones
     std::string tokenizer;
   };
   auto o = std::make_shared<Options>();
@@ -32,13 +32,20 @@ Command register_make_model(CLI::App& root) {
       ->check(CLI::IsMember(synthetic_shapes()));
   app->add_option("--out,-o", o->out, "output folder")->required();
   app->add_option("--seed", o->seed, "weights seed")->capture_default_str();
-  app->add_option("--dtype", o->dtype, "storage dtype: f32, f16 or bf16")->capture_default_str();
+  app->add_option("--dtype", o->dtype,
+                  "storage dtype: f32, f16 or bf16 (default: bf16 for bench-small and "
+                  "tinyllama-1.1b, as current HuggingFace models ship and as they load at the "
+                  "defaults; f32 for the tiny test shapes)");
   app->add_option("--tokenizer", o->tokenizer,
                   "a real tokenizer.json or tokenizer.model to put in the folder (with the "
                   "tokenizer_config.json beside it); the vocabulary grows to fit it");
   return {app, [o]() {
-            const auto dtype = parse_dtype(o->dtype);
-            std::cerr << fmt::format("making '{}' model in {} ...\n", o->shape, o->out);
+            const bool full_size = o->shape == "bench-small" || o->shape == "tinyllama-1.1b";
+            const auto dtype = !o->dtype.empty() ? parse_dtype(o->dtype)
+                               : full_size       ? torch::kBFloat16
+                                                 : torch::kFloat32;
+            std::cerr << fmt::format("making '{}' model ({}) in {} ...\n", o->shape,
+                                     dtype_name(dtype), o->out);
             make_synthetic_model(o->out, o->shape, o->seed, dtype, o->tokenizer);
             std::cout << o->out << "\n";
             return 0;

@@ -43,10 +43,22 @@ void add_engine_flags(CLI::App& app, EngineFlags& flags) {
 LoadOptions load_options(const ModelOptions& model) {
   LoadOptions load;
   load.device = parse_device(model.device);
-  load.dtype = parse_dtype(model.dtype);
+  if (!model.dtype.empty()) load.dtype = parse_dtype(model.dtype);
   if (!model.weights.empty()) load.weights = parse_weight_dtype(model.weights);
   if (!model.kv_dtype.empty()) load.kv_dtype = parse_dtype(model.kv_dtype);
   return load;
+}
+
+nlohmann::json dtype_json(const LlamaModel& model) {
+  const DtypeChoice& c = model.dtype_choice();
+  return {{"dtype", dtype_name(model.dtype())},
+          {"weights_dtype", dtype_name(model.weight_dtype())},
+          {"kv_dtype", dtype_name(model.kv_dtype())},
+          {"checkpoint_dtype", dtype_name(c.checkpoint)},
+          {"checkpoint_mixed", c.mixed},
+          {"dtype_reasons",
+           {{"compute", c.compute_reason}, {"weights", c.weights_reason}, {"kv", c.kv_reason}}},
+          {"weight_bytes", model.weight_bytes()}};
 }
 
 std::string cache_secret(const EngineFlags& flags) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "cli_common.hpp"
 #include "promptcache/engine.hpp"
@@ -19,8 +20,13 @@ struct EngineFlags {
   std::string cache_secret, cache_secret_file;
 };
 void add_engine_flags(CLI::App& app, EngineFlags& flags);
-// The LoadOptions that --device, --dtype and --weights select.
+// The LoadOptions that --device, --dtype, --weights and --kv-dtype select (unset when not given:
+// the model then follows its checkpoint, choose_dtypes).
 LoadOptions load_options(const ModelOptions& model);
+// The model's dtypes and why (DtypeChoice), and its weights' resident bytes, as JSON fields:
+// dtype, weights_dtype, kv_dtype, checkpoint_dtype, checkpoint_mixed, dtype_reasons{compute,
+// weights, kv}, weight_bytes. For `generate --json` and `info --json`.
+nlohmann::json dtype_json(const LlamaModel& model);
 // The secret for the Redis tier: --cache-secret-file's first line (trailing whitespace
 // trimmed), else --cache-secret, else $PROMPTCACHE_CACHE_SECRET, else "". UsageError when both
 // flags are given or the file cannot be read or holds no secret.

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
       "Examples:\n"
       "  promptcache demo                                   (synthetic model, cached vs uncached)\n"
       "  promptcache make-model --shape tiny --out /tmp/tiny\n"
+      "  promptcache info --model /tmp/tiny                 (shapes, dtypes and why, tokenizer)\n"
       "  promptcache layout schemas/trip.xml --model /tmp/tiny\n"
       "  promptcache run --model /tmp/tiny --schema schemas/trip.xml --prompt "
       "schemas/trip.prompt.xml\n"
@@ -27,7 +28,8 @@ int main(int argc, char** argv) {
       cli::register_demo(app),     cli::register_layout(app),   cli::register_run(app),
       cli::register_qa(app),       cli::register_generate(app), cli::register_make_model(app),
       cli::register_tokenize(app), cli::register_compile(app),  cli::register_cache(app),
-      cli::register_fidelity(app), cli::register_serve(app),    cli::register_eval(app)};
+      cli::register_fidelity(app), cli::register_serve(app),    cli::register_eval(app),
+      cli::register_info(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

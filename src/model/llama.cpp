@@ -170,8 +170,100 @@ std::string dtype_name(torch::Dtype dtype) {
   }
 }
 
+namespace {
+
+bool is_half(torch::Dtype d) {
+  return d == torch::kBFloat16 || d == torch::kFloat16;
+}
+
+}  // namespace
+
+DtypeChoice choose_dtypes(torch::Dtype checkpoint, const LoadOptions& options) {
+  DtypeChoice c;
+  c.checkpoint = checkpoint;
+  const bool cpu = options.device.is_cpu();
+  // What the file's dtype can be kept as: f64 (and anything odd) as f32.
+  const torch::Dtype file = is_half(checkpoint) ? checkpoint : torch::kFloat32;
+  const std::string file_name = dtype_name(checkpoint);
+  if (options.dtype) {
+    c.compute = *options.dtype;
+    c.compute_reason = "given (--dtype)";
+  } else if (cpu) {
+    c.compute = torch::kFloat32;
+    c.compute_reason =
+        "the CPU computes in f32 and reads 16-bit weights and states through its "
+        "own kernels";
+  } else if (options.weights && at::isFloatingType(*options.weights)) {
+    c.compute = *options.weights;
+    c.compute_reason = "as the weights (off the CPU they must be equal)";
+  } else {
+    c.compute = file;
+    c.compute_reason = "as the checkpoint stores its matrices (" + file_name +
+                       "; off the CPU the weights must equal the compute dtype)";
+  }
+  const bool f32_cpu = cpu && c.compute == torch::kFloat32;
+  if (options.weights) {
+    c.weights = *options.weights;
+    c.weights_reason = "given (--weights)";
+  } else if (file == c.compute || (f32_cpu && is_half(file))) {
+    c.weights = file;
+    c.weights_reason = "as the checkpoint stores them (" + file_name + ")" +
+                       (cpu && checkpoint == file ? ": mapped from the file, not copied" : "");
+  } else {
+    c.weights = c.compute;
+    c.weights_reason = "the compute dtype (the checkpoint's " + file_name + " does not run with " +
+                       dtype_name(c.compute) + " compute on " + options.device.str() + ")";
+  }
+  if (options.kv_dtype) {
+    c.kv = *options.kv_dtype;
+    c.kv_reason = "given (--kv-dtype)";
+  } else if (f32_cpu && is_half(c.weights)) {
+    // Half the bytes of f32 states; the fused attention converts them as it reads. f16 weights
+    // keep f16 states: the model was stored for f16's range, and f16 rounds finer than bf16.
+    c.kv = c.weights;
+    c.kv_reason = "as the " + dtype_name(c.weights) +
+                  " weights: half the bytes of f32 states; the attention converts them to f32 "
+                  "as it reads";
+  } else {
+    c.kv = c.compute;
+    c.kv_reason = "the compute dtype";
+  }
+  return c;
+}
+
+std::pair<torch::Dtype, bool> checkpoint_dtype(const std::map<std::string, torch::Tensor>& w) {
+  auto count = [&](bool projections_only) {
+    std::map<torch::Dtype, int64_t> elements;
+    for (const auto& [name, t] : w) {
+      if (!t.defined() || t.dim() != 2 || !at::isFloatingType(t.scalar_type())) continue;
+      const bool projection =
+          name.size() >= 12 && name.compare(name.size() - 12, 12, "_proj.weight") == 0;
+      if (projections_only && !projection) continue;
+      elements[t.scalar_type()] += t.numel();
+    }
+    return elements;
+  };
+  auto elements = count(true);
+  if (elements.empty()) elements = count(false);
+  torch::Dtype most = torch::kFloat32;
+  int64_t best = -1;
+  for (const auto& [dtype, n] : elements) {
+    if (n > best) {
+      best = n;
+      most = dtype;
+    }
+  }
+  bool mixed = false;
+  for (const auto& [name, t] : w) {
+    if (t.defined() && at::isFloatingType(t.scalar_type()) && t.scalar_type() != most) {
+      mixed = true;
+    }
+  }
+  return {most, mixed};
+}
+
 torch::TensorOptions LlamaModel::tensor_options() const {
-  return torch::TensorOptions().device(options_.device).dtype(options_.dtype);
+  return torch::TensorOptions().device(options_.device).dtype(choice_.compute);
 }
 
 torch::TensorOptions LlamaModel::kv_options() const {
@@ -200,32 +292,35 @@ std::unique_ptr<LlamaModel> LlamaModel::from_tensors(const ModelConfig& config,
                                                      const LoadOptions& options,
                                                      const std::string& origin) {
   config.validate(origin);
+  const auto [stored, mixed] = checkpoint_dtype(w);
+  DtypeChoice choice = choose_dtypes(stored, options);
+  choice.mixed = mixed;
+  const torch::Dtype compute = choice.compute;
 #if TORCH_VERSION_MAJOR < 2
-  if (options.device.is_cpu() && options.dtype == torch::kFloat16) {
+  if (options.device.is_cpu() && compute == torch::kFloat16) {
     throw Error(ErrorKind::kInvalidArgument,
                 "f16 on the CPU needs LibTorch 2.x (this is 1.x, which has no f16 CPU matmul); "
                 "use bf16 or f32",
                 {origin});
   }
 #endif
-  const torch::Dtype weight_dtype = options.weights.value_or(options.dtype);
+  const torch::Dtype weight_dtype = choice.weights;
   const bool q8 = weight_dtype == torch::kInt8;
-  if (weight_dtype != options.dtype &&
-      !(options.device.is_cpu() && options.dtype == torch::kFloat32 &&
+  if (weight_dtype != compute &&
+      !(options.device.is_cpu() && compute == torch::kFloat32 &&
         (weight_dtype == torch::kBFloat16 || weight_dtype == torch::kFloat16 || q8))) {
     throw Error(ErrorKind::kInvalidArgument,
-                "weights in " + dtype_name(weight_dtype) + " with " + dtype_name(options.dtype) +
+                "weights in " + dtype_name(weight_dtype) + " with " + dtype_name(compute) +
                     " compute on " + options.device.str() +
                     ": only the CPU with f32 compute takes bf16, f16 or q8 weights; "
                     "elsewhere the weights' dtype must equal the compute dtype",
                 {origin});
   }
-  const torch::Dtype kv_dtype = options.kv_dtype.value_or(options.dtype);
-  if (kv_dtype != options.dtype &&
-      !(options.device.is_cpu() && options.dtype == torch::kFloat32 &&
-        (kv_dtype == torch::kBFloat16 || kv_dtype == torch::kFloat16))) {
+  const torch::Dtype kv_dtype = choice.kv;
+  if (kv_dtype != compute && !(options.device.is_cpu() && compute == torch::kFloat32 &&
+                               (kv_dtype == torch::kBFloat16 || kv_dtype == torch::kFloat16))) {
     throw Error(ErrorKind::kInvalidArgument,
-                "a KV cache in " + dtype_name(kv_dtype) + " with " + dtype_name(options.dtype) +
+                "a KV cache in " + dtype_name(kv_dtype) + " with " + dtype_name(compute) +
                     " compute on " + options.device.str() +
                     ": only the CPU with f32 compute takes a bf16 or f16 KV cache; elsewhere "
                     "the KV cache's dtype must equal the compute dtype",
@@ -234,10 +329,12 @@ std::unique_ptr<LlamaModel> LlamaModel::from_tensors(const ModelConfig& config,
   std::unique_ptr<LlamaModel> m(new LlamaModel());
   m->config_ = config;
   m->options_ = options;
+  m->options_.dtype = compute;
   m->options_.weights = weight_dtype;
   m->options_.kv_dtype = kv_dtype;
+  m->choice_ = choice;
   m->sdpa_ = resolve_sdpa(options.attention, options.device, origin);
-  const auto to_model = torch::TensorOptions().device(options.device).dtype(options.dtype);
+  const auto to_model = torch::TensorOptions().device(options.device).dtype(compute);
   const auto to_weights = torch::TensorOptions().device(options.device).dtype(weight_dtype);
   // Matrices go to the weights' dtype (same dtype and device: the mmapped tensor itself, no
   // copy), vectors (norms, biases) to the compute dtype.
@@ -651,16 +748,16 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
                       std::to_string(layers_.size()) + " layers");
     }
     // A copy: the layers update x in place.
-    x = h.to(options_.device, options_.dtype).clone();
+    x = h.to(options_.device, choice_.compute).clone();
   } else {
     auto embedded = embed_.index_select(0, ids.reshape({-1}));
     if (is_q8(embed_)) embedded = dequantize_q8(embedded, config_.hidden_size);
-    x = embedded.view({b, n, config_.hidden_size}).to(options_.dtype);
+    x = embedded.view({b, n, config_.hidden_size}).to(choice_.compute);
   }
   LayerInputs in;
   // A few rows on the CPU take the fused elementwise steps (promptcache/model/cpu_ops.hpp).
   in.small_ops = !sdpa_ && cpu_small_ops_apply(x);
-  in.fused_attention = !sdpa_ && options_.device.is_cpu() && options_.dtype == torch::kFloat32 &&
+  in.fused_attention = !sdpa_ && options_.device.is_cpu() && choice_.compute == torch::kFloat32 &&
                        cpu_attention_takes(cache.options(), config_.head_dim);
   in.mask = mask;
   in.causal = !options.attention_mask.defined();
@@ -670,8 +767,8 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
     in.cos = cos.expand({b, n, config_.head_dim}).contiguous();
     in.sin = sin.expand({b, n, config_.head_dim}).contiguous();
   } else {
-    in.cos = cos.unsqueeze(1).to(options_.dtype);
-    in.sin = sin.unsqueeze(1).to(options_.dtype);
+    in.cos = cos.unsqueeze(1).to(choice_.compute);
+    in.sin = sin.unsqueeze(1).to(choice_.compute);
   }
   auto norm = [&](const torch::Tensor& t, const torch::Tensor& weight) {
     return in.small_ops ? cpu_rms_norm(t, weight, config_.rms_norm_eps)
@@ -733,7 +830,7 @@ std::pair<torch::Tensor, torch::Tensor> LlamaModel::layer_key_values(
   const int64_t hkv = config_.num_key_value_heads;
   auto positions = positions_in.dim() == 1 ? positions_in.unsqueeze(0) : positions_in;
   auto x =
-      rms_norm(hidden.to(options_.device, options_.dtype), layer.input_norm, config_.rms_norm_eps);
+      rms_norm(hidden.to(options_.device, choice_.compute), layer.input_norm, config_.rms_norm_eps);
   auto k = linear_layer(x, layer.wk);
   auto v = linear_layer(x, layer.wv);
   if (layer.bk.defined()) {
@@ -742,8 +839,8 @@ std::pair<torch::Tensor, torch::Tensor> LlamaModel::layer_key_values(
   }
   if (layer.k_norm.defined()) k = head_norm(k, layer.k_norm, hkv, config_.rms_norm_eps, false);
   auto [cos, sin] = rope_tables(positions);
-  cos = cos.unsqueeze(1).to(options_.dtype);
-  sin = sin.unsqueeze(1).to(options_.dtype);
+  cos = cos.unsqueeze(1).to(choice_.compute);
+  sin = sin.unsqueeze(1).to(choice_.compute);
   k = k.view({b, n, hkv, d}).transpose(1, 2);
   v = v.view({b, n, hkv, d}).transpose(1, 2);
   k = k * cos + rotate_half(k) * sin;

@@ -4,6 +4,9 @@
 // within the rounding that the half-precision K/V bring; stories260K keeps its greedy output.
 #include "support/catch_torch.hpp"
 
+#include <iostream>
+#include <sstream>
+
 #include "promptcache/cache/cache_file.hpp"
 #include "promptcache/generation.hpp"
 #include "promptcache/model/cpu_attention.hpp"
@@ -215,4 +218,49 @@ TEST_CASE("stories260K with a bf16 KV cache keeps the reference's greedy output"
                          << ref.greedy_ids.size() << " greedy tokens equal the f32 reference");
     CHECK(result.tokens == ref.greedy_ids);
   }
+}
+
+TEST_CASE("a states file of another KV dtype is compiled again with a message on stderr",
+          "[cache][kv_dtype][file][defaults]") {
+  test::TempDir dir;
+  const std::string file = dir.file("trip.states");
+  const auto weights = random_llama_weights(test::tiny_config(), 5);
+  // Made with f32 states (as before bf16 states became the default for bf16 checkpoints).
+  auto old = kv_engine_from(weights, torch::kFloat32);
+  old->add_schema(pml::parse_schema_string(test::kTripSchema), {}, file);
+  REQUIRE(read_cache_file_info(file).kv_dtype == "f32");
+  // The same weights stored in bf16, loaded with nothing set: bf16 weights and bf16 states.
+  std::map<std::string, torch::Tensor> bf16;
+  for (const auto& [name, t] : weights) bf16[name] = t.to(torch::kBFloat16);
+  EngineOptions options;
+  options.chat_template = "llama-2";
+  auto engine =
+      std::make_unique<Engine>(LlamaModel::from_tensors(test::tiny_config(), bf16),
+                               load_sentencepiece_tokenizer(test::tiny_tokenizer_path()), options);
+  REQUIRE(engine->model().kv_dtype() == torch::kBFloat16);
+  std::ostringstream err;
+  auto* saved = std::cerr.rdbuf(err.rdbuf());
+  try {
+    engine->add_schema(pml::parse_schema_string(test::kTripSchema), {}, file);
+  } catch (...) {
+    std::cerr.rdbuf(saved);
+    throw;
+  }
+  std::cerr.rdbuf(saved);
+  INFO(err.str());
+  CHECK_THAT(err.str(), Catch::Contains(file) &&
+                            Catch::Contains("made for KV dtype 'f32', not 'bf16'") &&
+                            Catch::Contains("compiling schema 'trip' again"));
+  CHECK_THAT(engine->compile_report("trip").source,
+             Catch::Contains("stale") && Catch::Contains("compiled and saved"));
+  for (const auto& [span, states] : engine->store().spans_of("trip")) {
+    CHECK(states.kv.scalar_type() == torch::kBFloat16);
+  }
+  // Replaced by a bf16 file, which the next engine of this kind loads as it is.
+  CHECK(read_cache_file_info(file).kv_dtype == "bf16");
+  auto next =
+      std::make_unique<Engine>(LlamaModel::from_tensors(test::tiny_config(), bf16),
+                               load_sentencepiece_tokenizer(test::tiny_tokenizer_path()), options);
+  next->add_schema(pml::parse_schema_string(test::kTripSchema), {}, file);
+  CHECK_THAT(next->compile_report("trip").source, Catch::StartsWith("loaded from"));
 }

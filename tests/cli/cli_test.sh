@@ -382,6 +382,26 @@ PY
     "$pc" generate --model "$work/tiny" --text "Once upon a time" -n 5 --json >"$work/out.json" 2>"$work/err" || fail "generate: $(cat "$work/err")"
     python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert len(j["token_ids"])==5 and j["ttft_ms"]>0' "$work/out.json" || fail "bad json"
     ;;
+  info_defaults)
+    # A bf16 folder loads with bf16 weights and states and f32 compute, with no flags; info and
+    # generate --json say so (and why); --weights f32 overrides, and its states follow it.
+    "$pc" make-model --shape tiny --seed 0 --dtype bf16 --out "$work/bf16" >/dev/null 2>"$work/make.err" || fail "make-model: $(cat "$work/make.err")"
+    "$pc" info --model "$work/bf16" --json >"$work/i.json" 2>"$work/i.err" || fail "info: $(cat "$work/i.err")"
+    python3 -c 'import json,sys; j=json.load(open(sys.argv[1]))
+assert (j["checkpoint_dtype"], j["weights_dtype"], j["dtype"], j["kv_dtype"]) == ("bf16", "bf16", "f32", "bf16"), j
+assert "as the checkpoint stores" in j["dtype_reasons"]["weights"], j
+assert j["weight_bytes"] <= 1.1 * j["checkpoint_bytes"], j
+assert j["tokenizer"] == "sentencepiece" and j["chat_template"] == "llama-2" and j["layers"] == 2, j' "$work/i.json" || fail "bad info: $(cat "$work/i.json")"
+    "$pc" info --model "$work/bf16" --weights f32 --json >"$work/f.json" 2>"$work/f.err" || fail "info --weights f32: $(cat "$work/f.err")"
+    python3 -c 'import json,sys; j=json.load(open(sys.argv[1]))
+assert (j["weights_dtype"], j["kv_dtype"]) == ("f32", "f32") and j["dtype_reasons"]["weights"] == "given (--weights)", j' "$work/f.json" || fail "bad info --weights f32: $(cat "$work/f.json")"
+    "$pc" info --model "$work/bf16" >"$work/i.txt" 2>&1 || fail "info text: $(cat "$work/i.txt")"
+    expect_in "weights        bf16: as the checkpoint stores them (bf16)" "$work/i.txt"
+    expect_in "KV / states    bf16" "$work/i.txt"
+    "$pc" generate --model "$work/bf16" --text "Once upon a time" -n 3 --json >"$work/g.json" 2>"$work/g.err" || fail "generate: $(cat "$work/g.err")"
+    python3 -c 'import json,sys; j=json.load(open(sys.argv[1]))
+assert (j["weights_dtype"], j["kv_dtype"], j["checkpoint_dtype"]) == ("bf16", "bf16", "bf16") and len(j["token_ids"]) == 3, j' "$work/g.json" || fail "bad generate json: $(cat "$work/g.json")"
+    ;;
   fidelity)
     # r = 1 gives the no-cache answer; r out of [0, 1] is a usage error; run reports the recompute.
     tiny

@@ -16,6 +16,7 @@
 #include "promptcache/model/tokenizer.hpp"
 #include "support/cpu_kernels.hpp"
 #include "support/test_support.hpp"
+#include "support/tiny_model.hpp"
 
 using namespace promptcache;
 using test::KernelGuard;
@@ -82,6 +83,7 @@ TEST_CASE("bf16 and f16 weights with f32 compute equal f32 on the rounded weight
       const auto w = random_llama_weights(c, 21, 0.15);
       LoadOptions reduced;
       reduced.weights = dtype;
+      reduced.kv_dtype = torch::kFloat32;  // the weights alone (16-bit states would follow them)
       // Stored in the reduced dtype (as a bf16 checkpoint is): kept as it is.
       const auto model = LlamaModel::from_tensors(c, stored_as(w, dtype), reduced);
       const auto reference = LlamaModel::from_tensors(c, rounded(w, dtype));
@@ -147,19 +149,13 @@ TEST_CASE("stories260K with bf16 weights keeps the reference's greedy output",
   // Converted by the test: a bf16 copy of the checkpoint, loaded as a bf16 folder is.
   const std::string dir = test::checked_stories260k_dir();
   test::TempDir bf16_dir("promptcache-bf16");
-  {
-    const auto checkpoint = SafetensorsCheckpoint::open_folder(dir);
-    std::map<std::string, torch::Tensor> w;
-    for (const auto& name : checkpoint.names())
-      w[name] = checkpoint.tensor(name).to(torch::kBFloat16);
-    write_safetensors(bf16_dir.file("model.safetensors"), w, {{"format", "pt"}});
-    std::ifstream config(dir + "/config.json");
-    std::ofstream(bf16_dir.file("config.json")) << config.rdbuf();
-  }
+  test::write_converted_folder(dir, bf16_dir, torch::kBFloat16);
   std::ifstream in(dir + "/reference.json");
   const auto ref = nlohmann::json::parse(in);
   LoadOptions options;
   options.weights = torch::kBFloat16;
+  options.kv_dtype = torch::kFloat32;  // the weights alone (tests/model/test_default_dtypes.cpp
+                                       // has them with the bf16 states that follow by default)
   const auto model = LlamaModel::load(bf16_dir.path().string(), options);
   CHECK(model->weight_dtype() == torch::kBFloat16);
   const auto tok = load_sentencepiece_tokenizer(dir + "/tokenizer.model");

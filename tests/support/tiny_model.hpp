@@ -3,10 +3,14 @@
 #pragma once
 
 #include <cstdlib>
+#include <fstream>
+#include <map>
 #include <memory>
+#include <optional>
 
 #include "promptcache/builtin_data.hpp"
 #include "promptcache/engine.hpp"
+#include "promptcache/model/safetensors.hpp"
 #include "promptcache/model/synthetic.hpp"
 #include "support/catch_torch.hpp"
 #include "support/test_support.hpp"
@@ -37,9 +41,62 @@ inline LoadOptions test_load_options() {
   return o;
 }
 
+// Greedy decoding of n tokens that does not stop at EOS.
+inline SamplingParams greedy_params(int n) {
+  SamplingParams p;
+  p.max_new_tokens = n;
+  p.stop_at_eos = false;
+  return p;
+}
+
+// A copy of the model folder `from` in `to` with every tensor stored in `dtype` (as a folder of
+// that dtype ships), config.json and tokenizer.model beside it.
+inline std::string write_converted_folder(const std::string& from, const TempDir& to,
+                                          torch::Dtype dtype) {
+  const auto checkpoint = SafetensorsCheckpoint::open_folder(from);
+  std::map<std::string, torch::Tensor> w;
+  for (const auto& name : checkpoint.names()) w[name] = checkpoint.tensor(name).to(dtype);
+  write_safetensors(to.file("model.safetensors"), w, {{"format", "pt"}});
+  for (const char* file : {"config.json", "tokenizer.model"}) {
+    if (!std::filesystem::exists(from + "/" + file)) continue;
+    std::ifstream in(from + "/" + file, std::ios::binary);
+    std::ofstream(to.file(file), std::ios::binary) << in.rdbuf();
+  }
+  return to.path().string();
+}
+
+// PROMPTCACHE_TEST_CHECKPOINT=bf16|f16 stores the tiny model's random weights in that dtype (and
+// gives stories260K converted so), loaded with every dtype unset: the engine and contract suites
+// then run at the defaults chosen for such a checkpoint (bf16 weights and KV with f32 compute on
+// the CPU). ctest runs the contract suite so as contract_tests_bf16_default.
+inline std::optional<torch::Dtype> test_checkpoint_dtype() {
+  const char* d = std::getenv("PROMPTCACHE_TEST_CHECKPOINT");
+  if (d == nullptr || *d == '\0') return std::nullopt;
+  return parse_dtype(d);
+}
+inline std::map<std::string, torch::Tensor> as_test_checkpoint(
+    std::map<std::string, torch::Tensor> w) {
+  if (const auto dtype = test_checkpoint_dtype()) {
+    for (auto& entry : w) entry.second = entry.second.to(*dtype);
+  }
+  return w;
+}
+
+// A logit tolerance of the contract suites: `f32` (what f32 states are held to), or, for a model
+// whose KV cache rounds states to 16 bits, `rounded` times the largest |logit| of `reference`.
+// Cached states and those of the one-pass reference come from f32 sums of different orders
+// (chunked compile against one pass, few-row kernels against GEMM); rounded to bf16's 8 bits a
+// last-bit difference can cross a rounding step, which f32 states would keep below 1e-6.
+inline double logit_tolerance(const LlamaModel& model, const torch::Tensor& reference, double f32,
+                              double rounded = 2e-3) {
+  if (model.kv_dtype() == torch::kFloat32 || model.kv_dtype() == torch::kFloat64) return f32;
+  return std::max(f32, rounded * reference.abs().max().item<double>());
+}
+
 inline std::unique_ptr<LlamaModel> tiny_model(std::uint64_t seed = 1, double init_std = 0.15) {
   const ModelConfig c = tiny_config();
-  return LlamaModel::from_tensors(c, random_llama_weights(c, seed, init_std), test_load_options());
+  return LlamaModel::from_tensors(c, as_test_checkpoint(random_llama_weights(c, seed, init_std)),
+                                  test_load_options());
 }
 
 inline std::unique_ptr<Engine> tiny_engine(std::uint64_t seed = 1, EngineOptions options = {}) {
@@ -54,6 +111,13 @@ inline std::unique_ptr<Engine> stories260k_engine() {
   EngineOptions options;
   options.chat_template = "plain";
   options.load = test_load_options();
+  if (const auto dtype = test_checkpoint_dtype()) {
+    // A copy of the folder stored in that dtype, made once per process.
+    static TempDir converted("promptcache-stories-" + dtype_name(*dtype));
+    static const std::string folder =
+        write_converted_folder(checked_stories260k_dir(), converted, *dtype);
+    return Engine::open(folder, options);
+  }
   return Engine::open(checked_stories260k_dir(), options);
 }
 

@@ -31,25 +31,54 @@ enum class AttentionImpl { kAuto, kSdpa, kBlocked };
 
 struct LoadOptions {
   torch::Device device = torch::kCPU;
-  // The compute dtype: activations, the KV cache and so the stored module states.
-  torch::Dtype dtype = torch::kFloat32;
+  // Every dtype below left unset follows the checkpoint (choose_dtypes says how, and why):
+  // a bf16 file keeps bf16 weights, as stored (mapped, not converted).
+  //
+  // The compute dtype: activations (and the KV cache, unless kv_dtype says otherwise). Unset:
+  // f32 on the CPU (which reads bf16/f16 weights and states through its own kernels); on other
+  // devices the dtype the checkpoint's projection matrices are stored in (bf16 or f16; f32 for
+  // f32 and f64 files), or `weights` when that is given.
+  std::optional<torch::Dtype> dtype;
   // The dtype the weight matrices are kept in (projections, embeddings, lm_head); norms and
-  // biases follow `dtype`. Unset: `dtype`. On the CPU with f32 compute they may be bf16 or f16:
-  // a checkpoint stored so is then mapped, not converted (half the memory), and the linear
+  // biases follow the compute dtype. Unset: the checkpoint's dtype where the compute dtype takes
+  // it, else the compute dtype. On the CPU with f32 compute they may be bf16 or f16: a
+  // checkpoint stored so is then mapped, not converted (half the memory), and the linear
   // layers read it through the reduced-precision kernels of cpu_linear.hpp. Elsewhere it must
-  // equal `dtype` (Error(kInvalidArgument) otherwise). torch::kInt8 selects 8-bit weights
-  // (q8, promptcache/model/q8_weights.hpp), quantized from the checkpoint as it loads: CPU and
-  // f32 compute only, like bf16/f16 weights.
+  // equal the compute dtype (Error(kInvalidArgument) otherwise). torch::kInt8 selects 8-bit
+  // weights (q8, promptcache/model/q8_weights.hpp), quantized from the checkpoint as it loads:
+  // CPU and f32 compute only, like bf16/f16 weights.
   std::optional<torch::Dtype> weights;
   // The dtype of the KV cache, and so of the module states compiled into the store and saved to
-  // cache files. Unset: `dtype`. On the CPU with f32 compute it may be bf16 or f16: half the
-  // bytes to store, assemble and read, with the fused attention (cpu_attention.hpp) converting
-  // keys and values to f32 as it reads them; everything else is still computed in f32. Elsewhere
-  // it must equal `dtype` (Error(kInvalidArgument) otherwise).
+  // cache files. Unset: bf16 with bf16 weights and f16 with f16 weights on the CPU with f32
+  // compute, else the compute dtype. On the CPU with f32 compute it may be bf16 or f16: half
+  // the bytes to store, assemble and read, with the fused attention (cpu_attention.hpp)
+  // converting keys and values to f32 as it reads them; everything else is still computed in
+  // f32. Elsewhere it must equal the compute dtype (Error(kInvalidArgument) otherwise).
   std::optional<torch::Dtype> kv_dtype;
   // kSdpa on LibTorch 1.x, which lacks it, is an Error(kInvalidArgument) when the model is made.
   AttentionImpl attention = AttentionImpl::kAuto;
 };
+
+// The dtypes a model runs in, each with why: what LoadOptions gave, and what the unset ones were
+// chosen as for the checkpoint. Reported by `promptcache info` and `generate --json`.
+struct DtypeChoice {
+  // The dtype of the checkpoint's projection matrices (q/k/v/o, gate/up/down): the one holding
+  // most of their elements. It decides, whatever the other tensors are stored in.
+  torch::Dtype checkpoint = torch::kFloat32;
+  // Other floating-point tensors of the checkpoint are stored in another dtype (norms kept in
+  // f32 beside bf16 matrices, say): the ones that differ from `weights` are converted as they load.
+  bool mixed = false;
+  torch::Dtype compute = torch::kFloat32, weights = torch::kFloat32, kv = torch::kFloat32;
+  std::string compute_reason, weights_reason, kv_reason;  // one clause each
+};
+
+// The rule: given options are taken as they are (and checked when the model is made); unset ones
+// follow the checkpoint's dtype on `options.device`, as LoadOptions describes.
+DtypeChoice choose_dtypes(torch::Dtype checkpoint, const LoadOptions& options);
+// The checkpoint dtype of tensors named as in HF checkpoints: the dtype of most elements of the
+// projection matrices (*_proj.weight; all 2-D tensors when there are none), and whether any
+// floating-point tensor is stored in another dtype.
+std::pair<torch::Dtype, bool> checkpoint_dtype(const std::map<std::string, torch::Tensor>& w);
 
 // Parses "cpu", "cuda", "cuda:1" and "f32"/"float32", "f16"/"float16"/"half", "bf16"/"bfloat16";
 // Error(kInvalidArgument) naming the value otherwise (or when CUDA is not available).
@@ -103,10 +132,12 @@ class LlamaModel {
 
   const ModelConfig& config() const { return config_; }
   torch::Device device() const { return options_.device; }
-  torch::Dtype dtype() const { return options_.dtype; }
-  torch::Dtype weight_dtype() const { return options_.weights.value_or(options_.dtype); }
+  torch::Dtype dtype() const { return choice_.compute; }
+  torch::Dtype weight_dtype() const { return choice_.weights; }
   // The KV cache's and the stored module states' dtype (LoadOptions::kv_dtype).
-  torch::Dtype kv_dtype() const { return options_.kv_dtype.value_or(options_.dtype); }
+  torch::Dtype kv_dtype() const { return choice_.kv; }
+  // How these three were chosen, and the checkpoint's dtype.
+  const DtypeChoice& dtype_choice() const { return choice_; }
   // Bytes held by the weights (mapped or in memory), counted once for tied embeddings.
   int64_t weight_bytes() const;
   torch::TensorOptions tensor_options() const;
@@ -174,7 +205,8 @@ class LlamaModel {
                           const LayerInputs& in) const;
 
   ModelConfig config_;
-  LoadOptions options_;
+  LoadOptions options_;  // as given, with device and attention used as they are
+  DtypeChoice choice_;
   torch::Tensor embed_, final_norm_, lm_head_;
   std::vector<Layer> layers_;
   torch::Tensor inv_freq_;  // float32 [head_dim / 2], rope_scaling applied
