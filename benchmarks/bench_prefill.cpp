@@ -3,12 +3,16 @@
 //
 //   build-bench/benchmarks/bench_prefill [--tokens 16,32,...,2048] [--weights f32,bf16,f16,q8]
 //       [--shape bench-small|tinyllama-1.1b] [--threads N] [--torch-threads N] [--repeats R]
-//       [--decode-steps D] [--kv-dtype f32,bf16,f16] [--breakdown]
+//       [--decode-steps D] [--kv-dtype f32,bf16,f16] [--kernels on] [--breakdown]
 //
-// One JSON line per weights dtype, KV-cache dtype and token count, with the weights' resident
-// bytes. The decode steps run after the prefill, over its n tokens of context: with long inputs
-// they show what a bf16/f16 KV cache (half the bytes the attention reads) saves. Times are the
-// BEST of R repeats (the machine is shared with builds, so the minimum is the least disturbed
+// --kernels on,avx512,avx512-bf16 (benchmarks/bench_kernels.hpp) runs every setting under each
+// CPU kernel in turn: on an AVX512_BF16 processor `--weights f32,bf16 --kernels
+// avx512,avx512-bf16` compares f32 weights, bf16 widened to f32 and bf16 dot products
+// (vdpbf16ps) in one run.
+// One JSON line per kernel, weights dtype, KV-cache dtype and token count, with the weights'
+// resident bytes. The decode steps run after the prefill, over its n tokens of context: with long
+// inputs they show what a bf16/f16 KV cache (half the bytes the attention reads) saves. Times are
+// the BEST of R repeats (the machine is shared with builds, so the minimum is the least disturbed
 // measurement); the median prefill time is printed too. --breakdown also times the parts of one
 // decoder layer (re-implemented here with the same LibTorch calls as src/model/llama.cpp) to show
 // where the prefill time goes; its layer_sum_ms adds up the parts of the full-square attention,
@@ -30,6 +34,7 @@
 #include <vector>
 
 #include "bench_common.hpp"
+#include "bench_kernels.hpp"
 #include "promptcache/generation.hpp"
 #include "promptcache/model/llama.hpp"
 #include "promptcache/model/synthetic.hpp"
@@ -46,6 +51,7 @@ struct Args {
   std::vector<int64_t> tokens{16, 32, 64, 96, 128, 192, 256, 512, 1024, 2048};
   std::vector<std::string> weights{"f32"};
   std::vector<std::string> kv_dtypes{"f32"};
+  std::vector<std::string> kernels{"on"};
   std::string shape = "bench-small";
   int threads = 0;
   int torch_threads = 0;
@@ -59,7 +65,7 @@ struct Args {
             << "\nusage: bench_prefill [--tokens 16,32,64,96,128,192,256,512,1024,2048] "
                "[--weights f32,bf16,f16,q8] [--shape bench-small|tinyllama-1.1b] [--threads N] "
                "[--torch-threads N] [--repeats R] [--decode-steps D] [--kv-dtype f32,bf16,f16] "
-               "[--breakdown]\n";
+               "[--kernels on,off,avx512-bf16,avx512,avx2] [--breakdown]\n";
   std::exit(2);
 }
 
@@ -114,6 +120,12 @@ Args parse_args(int argc, char** argv) {
         a.kv_dtypes.push_back(item);
       }
       if (a.kv_dtypes.empty()) usage("--kv-dtype needs at least one dtype");
+    } else if (flag == "--kernels") {
+      a.kernels.clear();
+      std::stringstream ss(value);
+      std::string item;
+      while (std::getline(ss, item, ',')) a.kernels.push_back(item);
+      if (a.kernels.empty()) usage("--kernels needs at least one setting");
     } else if (flag == "--shape") {
       a.shape = value;
     } else if (flag == "--threads") {
@@ -290,13 +302,21 @@ int main(int argc, char** argv) {
 
   const pc::ModelConfig config = pc::synthetic_config(args.shape);
   const auto weights = pc::random_llama_weights(config, /*seed=*/1, 0.02);
-  for (const std::string& weights_dtype : args.weights) {
+  // Every kernel setting with every weights dtype, kernel by kernel.
+  std::vector<std::pair<pc::CpuLinearKernel, std::string>> settings;
+  for (const auto kernel : pc::bench::kernel_settings("bench_prefill", args.kernels)) {
+    for (const std::string& weights_dtype : args.weights)
+      settings.emplace_back(kernel, weights_dtype);
+  }
+  for (const auto& [kernel, weights_dtype] : settings) {
+    pc::select_cpu_linear(kernel);
     for (const std::string& kv_dtype : args.kv_dtypes) {
       pc::LoadOptions load;
       load.weights = pc::parse_weight_dtype(weights_dtype);
       load.kv_dtype = pc::parse_dtype(kv_dtype);
       std::cerr << "bench_prefill: " << args.shape << " with " << weights_dtype
-                << " weights, KV cache in " << kv_dtype << "\n";
+                << " weights, KV cache in " << kv_dtype << ", CPU kernels "
+                << pc::cpu_linear_name(kernel) << "\n";
       const auto model = pc::LlamaModel::from_tensors(config, weights, load);
 
       torch::manual_seed(0);
@@ -339,6 +359,7 @@ int main(int argc, char** argv) {
         j["weights"] = weights_dtype;
         j["weight_bytes"] = model->weight_bytes();
         j["kv_dtype"] = kv_dtype;
+        j["kernels"] = pc::cpu_linear_name(kernel);
         j["tokens"] = n;
         j["prefill_ms"] = ms;
         j["prefill_tokens_per_s"] = n / (ms * 1e-3);
