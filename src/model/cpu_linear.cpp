@@ -48,15 +48,6 @@ bool cpu_has_avx512_bf16() {
   __cpuid_count(7, 1, eax, ebx, ecx, edx);
   return (eax & (1u << 5)) != 0;
 }
-
-// AVX512_VNNI (vpdpbusd): CPUID leaf 7 subleaf 0, ECX bit 11. Asked only where
-// cpu_has_avx512_bf16() holds (AVX-512 F/BW/VL and the zmm state checked there).
-bool cpu_has_avx512_vnni() {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (__get_cpuid_max(0, nullptr) < 7) return false;
-  __cpuid_count(7, 0, eax, ebx, ecx, edx);
-  return (ecx & (1u << 11)) != 0;
-}
 #endif
 
 bool cpu_has(CpuLinearKernel kernel) {
@@ -106,18 +97,7 @@ std::atomic<CpuLinearKernel>& selected() {
   return kernel;
 }
 
-// Whether kAvx512Bf16 takes Q8 weights through vpdpbusd (avx512_vnni.cpp).
-bool avx512_vnni() {
-#if defined(__x86_64__)
-  static const bool has = kernels::linear_rows_q8_avx512vnni != nullptr && cpu_has_avx512_vnni();
-  return has;
-#else
-  return false;
-#endif
-}
-
 // The kernel for weights of element type W (float, kernels::Bf16, kernels::F16, kernels::Q8).
-// Under kAvx512Bf16, Q8 weights take vpdpbusd where the processor has AVX512_VNNI.
 template <class W>
 kernels::LinearRowsOf<W> rows_fn(CpuLinearKernel kernel) {
   auto pick = [](auto f32, auto bf16, auto f16, auto q8) -> kernels::LinearRowsOf<W> {
@@ -127,12 +107,8 @@ kernels::LinearRowsOf<W> rows_fn(CpuLinearKernel kernel) {
     if constexpr (std::is_same_v<W, kernels::Q8>) return q8;
   };
   switch (kernel) {
-    case CpuLinearKernel::kAvx512Bf16:  // bf16 weights go to bf16_dot_linear before this
-      if constexpr (std::is_same_v<W, kernels::Q8>) {
-        if (avx512_vnni()) return kernels::linear_rows_q8_avx512vnni;
-      }
-      [[fallthrough]];
     case CpuLinearKernel::kAvx512:
+    case CpuLinearKernel::kAvx512Bf16:  // bf16 weights go to bf16_dot_linear before this
       return pick(kernels::linear_rows_avx512, kernels::linear_rows_bf16_avx512,
                   kernels::linear_rows_f16_avx512, kernels::linear_rows_q8_avx512);
     case CpuLinearKernel::kAvx2:

@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "promptcache/model/cpu_linear.hpp"
-#include "promptcache/model/q8_weights.hpp"
 #include "promptcache/model/threads.hpp"
 #include "support/cpu_kernels.hpp"
 
@@ -196,42 +195,4 @@ TEST_CASE("avx512-bf16: selection, name, and what the kernel leaves to the other
   }
   // Empty inputs.
   REQUIRE(linear_layer(torch::randn({0, 32}), wb).sizes() == torch::IntArrayRef({0, 10}));
-}
-
-TEST_CASE("avx512-bf16: q8 weights through vpdpbusd (AVX512_VNNI) equal the AVX-512 kernel",
-          "[cpu_linear][kernels][q8][vnni]") {
-  KernelGuard guard;
-  torch::NoGradGuard no_grad;
-  if (!select_bf16_or_skip()) return;
-#if defined(__x86_64__)
-  const bool vnni = __builtin_cpu_supports("avx512vnni");
-#else
-  const bool vnni = false;
-#endif
-  if (!vnni) {
-    WARN(
-        "SKIPPED: this processor lacks AVX512_VNNI (vpdpbusd): q8 weights take the AVX-512F "
-        "kernel under avx512-bf16, which the q8 tests of test_cpu_linear.cpp cover");
-  }
-  torch::manual_seed(24);
-  int checked = 0;
-  for (int threads : {1, 2}) {
-    set_kernel_threads(threads);
-    // 1-4 rows: x quantized, integer sums (vpdpbusd here); 5 and 13: the f32 paths, unchanged.
-    for (int64_t m : {1, 2, 3, 4, 5, 13}) {
-      for (int64_t k : {5, 32, 33, 100, 257, 768}) {
-        for (int64_t n : {1, 5, 13, 191}) {
-          auto x = torch::randn({m, k});
-          auto q = quantize_q8(torch::randn({n, k}));
-          REQUIRE(select_cpu_linear(CpuLinearKernel::kAvx512Bf16));
-          auto got = linear_layer(x, q);
-          REQUIRE(select_cpu_linear(CpuLinearKernel::kAvx512));
-          INFO("threads " << threads << " m " << m << " k " << k << " n " << n);
-          REQUIRE(torch::equal(got, linear_layer(x, q)));
-          ++checked;
-        }
-      }
-    }
-  }
-  REQUIRE(checked == 2 * 6 * 6 * 4);
 }

@@ -152,7 +152,5 @@ using LinearRowsBf16DotFn = void (*)(const Bf16* xb, long long m, long long k, c
 // compiler could not build them).
 extern const RoundBf16Fn round_bf16_avx512bf16;
 extern const LinearRowsBf16DotFn linear_rows_bf16_dot_avx512bf16;
-// linear_rows_q8_avx512 with AVX-512 VNNI (vpdpbusd) for the integer sums: the same output.
-extern const LinearRowsQ8Fn linear_rows_q8_avx512vnni;
 
 }  // namespace promptcache::kernels

@@ -266,16 +266,8 @@ inline void q8_dot_rows(const signed char* xq, const float* xs, Index m, Index k
         // blocks' scales at once (through a buffer: 112 -> 95 tokens/s on bench-small's q8
         // decode; as a vector, each block taking its lane with a permute: no faster, slower
         // for k = 768) did not pay.
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-        // vpdpbusd (avx512_vnni.cpp): the same products summed in fours in one instruction, the
-        // same integers (no saturation either way).
-        const __m256 sums = _mm256_cvtepi32_ps(
-            _mm256_dpbusd_epi32(_mm256_setzero_si256(), xa, _mm256_sign_epi8(wv, xv)));
-        (void)ones;
-#else
         const __m256i pairs = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(wv, xv));
         const __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
-#endif
         acc[r] = _mm256_fmadd_ps(sums, _mm256_set1_ps(q8_scale(wr[r], k, b) * x_scale), acc[r]);
       }
     }
@@ -589,9 +581,6 @@ void linear_rows_of(const float* x, Index m, Index k, const W* w, Index n0, Inde
   }
 }
 
-// A unit that wants the Q8 kernel alone (avx512_vnni.cpp) defines
-// PROMPTCACHE_LINEAR_Q8_ONLY: the other entry points would be unused there.
-#ifndef PROMPTCACHE_LINEAR_Q8_ONLY
 void linear_rows(const float* x, Index m, Index k, const float* w, Index n0, Index n1, float* out,
                  Index ldo, float* xt) {
   linear_rows_of<float>(x, m, k, w, n0, n1, out, ldo, xt);
@@ -604,12 +593,10 @@ void linear_rows_f16(const float* x, Index m, Index k, const F16* w, Index n0, I
                      Index ldo, float* xt) {
   linear_rows_of<F16>(x, m, k, w, n0, n1, out, ldo, xt);
 }
-#endif
 void linear_rows_q8(const float* x, Index m, Index k, const Q8* w, Index n0, Index n1, float* out,
                     Index ldo, float* xt) {
   linear_rows_of<Q8>(x, m, k, w, n0, n1, out, ldo, xt);
 }
-#ifndef PROMPTCACHE_LINEAR_Q8_ONLY
 void widen_q8(const Q8* src, Index rows, Index k, float* dst) {
   widen_block(src, 0, rows, k, dst);
 }
@@ -619,6 +606,5 @@ void widen_bf16(const Bf16* src, Index count, float* dst) {
 void widen_f16(const F16* src, Index count, float* dst) {
   convert_rows(src, count, dst);
 }
-#endif
 
 }  // namespace
