@@ -1,9 +1,14 @@
 // bench_linear — ms per linear_layer() call for f32, bf16, f16 and q8 weights (x and the output
 // f32) on bench-small's layer shapes, all dtypes timed in the same run.
 //
-//   build/benchmarks/bench_linear [--rows 1,16,64,128] [--dtypes f32,bf16,f16,q8]
+//   build/benchmarks/bench_linear [--rows 1,16,64,128] [--dtypes f32,bf16,f16,q8,bf16dot]
 //       [--shapes 768x768,2048x768,768x2048] [--threads 2] [--repeats 7] [--kernels on]
 //       [--cold-mb 64]
+//
+// "bf16dot" is bf16 weights under the avx512-bf16 kernel (vdpbf16ps, x rounded to bf16) whatever
+// --kernels says, so `--kernels avx512 --dtypes f32,bf16,bf16dot` compares f32 weights, bf16
+// widened to f32 and bf16 dot products in one run (exits 2 where the processor lacks
+// AVX512_BF16).
 //
 // A shape is out x in (the weight's [n, k]). Each dtype's weights are cycled over as many copies
 // as make --cold-mb MB of f32 weights, so every call streams its weights from memory, as a
@@ -34,10 +39,10 @@ namespace {
 
 torch::Dtype dtype_named(const std::string& name) {
   if (name == "f32") return torch::kFloat32;
-  if (name == "bf16") return torch::kBFloat16;
+  if (name == "bf16" || name == "bf16dot") return torch::kBFloat16;
   if (name == "f16") return torch::kFloat16;
   if (name == "q8") return torch::kInt8;
-  std::cerr << "bench_linear: --dtypes takes f32, bf16, f16, q8, not '" << name << "'\n";
+  std::cerr << "bench_linear: --dtypes takes f32, bf16, f16, q8, bf16dot, not '" << name << "'\n";
   std::exit(2);
 }
 
@@ -68,6 +73,13 @@ int main(int argc, char** argv) {
   const int repeats = std::max(1, flags.integer("repeats", 7));
   const auto kernels = pc::bench::kernel_settings("bench_linear", flags.words("kernels", "on"));
   const double cold_mb = flags.integer("cold-mb", 64);
+  for (const auto& d : dtypes) {
+    if (d == "bf16dot" && !pc::select_cpu_linear(pc::CpuLinearKernel::kAvx512Bf16)) {
+      std::cerr << "bench_linear: bf16dot needs AVX512_BF16 (vdpbf16ps), which this processor "
+                   "or build lacks\n";
+      return 2;
+    }
+  }
   torch::NoGradGuard no_grad;
   pc::set_kernel_threads(threads);
   at::set_num_threads(threads);
@@ -86,20 +98,26 @@ int main(int argc, char** argv) {
       }
     }
     for (const auto kernel : kernels) {
-      pc::select_cpu_linear(kernel);
+      // The kernel each dtype runs under: --kernels', or avx512-bf16 for bf16dot.
+      auto select_for = [&](const std::string& d) {
+        pc::select_cpu_linear(d == "bf16dot" ? pc::CpuLinearKernel::kAvx512Bf16 : kernel);
+      };
       for (const int m : rows) {
         const auto x = torch::randn({static_cast<int64_t>(m), k});
         std::map<std::string, std::vector<double>> times;
         for (const auto& d : dtypes) {  // warm-up: page in the weights, size the scratch
+          select_for(d);
           for (const auto& w : pools[d]) pc::linear_layer(x, w);
         }
         for (int r = 0; r < repeats; ++r) {
           for (const auto& d : dtypes) {
+            select_for(d);
             const double t0 = now_ms();
             for (const auto& w : pools[d]) pc::linear_layer(x, w);
             times[d].push_back((now_ms() - t0) / copies);
           }
         }
+        pc::select_cpu_linear(kernel);
         ordered_json line;
         line["kernels"] = pc::cpu_linear_name(pc::cpu_linear_kernel());
         line["out"] = n;

@@ -4,16 +4,19 @@
 //   build-bench/benchmarks/bench_prefill [--tokens 16,32,...,2048]
 //       [--weights default,f32,bf16,f16,q8] [--kv-dtype default,f32,bf16,f16]
 //       [--checkpoint bf16|f16|f32] [--shape bench-small|tinyllama-1.1b] [--threads N]
-//       [--torch-threads N] [--repeats R] [--decode-steps D] [--breakdown]
+//       [--torch-threads N] [--repeats R] [--decode-steps D] [--kernels on] [--breakdown]
 //
 // The synthetic checkpoint is stored in --checkpoint (default bf16, as current HuggingFace models
 // ship); "default" (the default of both lists) leaves the dtype unset, so the model chooses it
 // for that checkpoint as a user's does (choose_dtypes: bf16 weights mapped as stored, bf16 KV,
-// f32 compute on the CPU). One JSON line per weights setting, KV setting and token count, with
-// the dtypes chosen and the weights' resident bytes. The decode steps run after the prefill, over
-// its n tokens of context: with long inputs they show what a bf16/f16 KV cache (half the bytes the
-// attention reads) saves. Times are the BEST of R repeats (the machine is shared with builds, so
-// the minimum is the least disturbed measurement); the median prefill time is printed too.
+// f32 compute on the CPU). --kernels on,avx512,avx512-bf16 (benchmarks/bench_kernels.hpp) runs
+// every setting under each CPU kernel in turn: on an AVX512_BF16 processor `--weights f32,bf16
+// --kernels avx512,avx512-bf16` compares f32 weights, bf16 widened to f32 and bf16 dot products
+// (vdpbf16ps) in one run. One JSON line per kernel, weights setting, KV setting and token count,
+// with the dtypes chosen and the weights' resident bytes. The decode steps run after the prefill,
+// over its n tokens of context: with long inputs they show what a bf16/f16 KV cache (half the bytes
+// the attention reads) saves. Times are the BEST of R repeats (the machine is shared with builds,
+// so the minimum is the least disturbed measurement); the median prefill time is printed too.
 // --breakdown also times the parts of one decoder layer (re-implemented here with the same LibTorch
 // calls as src/model/llama.cpp) to show where the prefill time goes; its layer_sum_ms adds up the
 // parts of the full-square attention, attention_core_blocked256_ms is what the blocked 1.x path
@@ -35,6 +38,7 @@
 #include <vector>
 
 #include "bench_common.hpp"
+#include "bench_kernels.hpp"
 #include "promptcache/generation.hpp"
 #include "promptcache/model/llama.hpp"
 #include "promptcache/model/synthetic.hpp"
@@ -52,6 +56,7 @@ struct Args {
   std::vector<std::string> weights{"default"};
   std::vector<std::string> kv_dtypes{"default"};
   std::string checkpoint = "bf16";
+  std::vector<std::string> kernels{"on"};
   std::string shape = "bench-small";
   int threads = 0;
   int torch_threads = 0;
@@ -65,7 +70,8 @@ struct Args {
             << "\nusage: bench_prefill [--tokens 16,32,64,96,128,192,256,512,1024,2048] "
                "[--weights default,f32,bf16,f16,q8] [--kv-dtype default,f32,bf16,f16] "
                "[--checkpoint bf16|f16|f32] [--shape bench-small|tinyllama-1.1b] [--threads N] "
-               "[--torch-threads N] [--repeats R] [--decode-steps D] [--breakdown]\n";
+               "[--torch-threads N] [--repeats R] [--decode-steps D] "
+               "[--kernels on,off,avx512-bf16,avx512,avx2] [--breakdown]\n";
   std::exit(2);
 }
 
@@ -127,6 +133,12 @@ Args parse_args(int argc, char** argv) {
         usage(std::string("--checkpoint: ") + e.what());
       }
       a.checkpoint = value;
+    } else if (flag == "--kernels") {
+      a.kernels.clear();
+      std::stringstream ss(value);
+      std::string item;
+      while (std::getline(ss, item, ',')) a.kernels.push_back(item);
+      if (a.kernels.empty()) usage("--kernels needs at least one setting");
     } else if (flag == "--shape") {
       a.shape = value;
     } else if (flag == "--threads") {
@@ -312,7 +324,14 @@ int main(int argc, char** argv) {
   if (args.breakdown) {
     for (const auto& [name, t] : weights) breakdown_weights[name] = t.to(torch::kFloat32);
   }
-  for (const std::string& weights_flag : args.weights) {
+  // Every kernel setting with every weights setting, kernel by kernel.
+  std::vector<std::pair<pc::CpuLinearKernel, std::string>> settings;
+  for (const auto kernel : pc::bench::kernel_settings("bench_prefill", args.kernels)) {
+    for (const std::string& weights_flag : args.weights)
+      settings.emplace_back(kernel, weights_flag);
+  }
+  for (const auto& [kernel, weights_flag] : settings) {
+    pc::select_cpu_linear(kernel);
     for (const std::string& kv_flag : args.kv_dtypes) {
       pc::LoadOptions load;
       if (weights_flag != "default") load.weights = pc::parse_weight_dtype(weights_flag);
@@ -322,7 +341,8 @@ int main(int argc, char** argv) {
       const std::string kv_dtype = pc::dtype_name(model->kv_dtype());
       std::cerr << "bench_prefill: " << args.shape << " (" << args.checkpoint
                 << " checkpoint) with " << weights_dtype << " weights (" << weights_flag
-                << "), KV cache in " << kv_dtype << " (" << kv_flag << ")\n";
+                << "), KV cache in " << kv_dtype << " (" << kv_flag << "), CPU kernels "
+                << pc::cpu_linear_name(kernel) << "\n";
 
       torch::manual_seed(0);
       const int64_t max_n = *std::max_element(args.tokens.begin(), args.tokens.end());
@@ -366,6 +386,7 @@ int main(int argc, char** argv) {
         j["weights"] = weights_dtype;
         j["weight_bytes"] = model->weight_bytes();
         j["kv_dtype"] = kv_dtype;
+        j["kernels"] = pc::cpu_linear_name(kernel);
         j["tokens"] = n;
         j["prefill_ms"] = ms;
         j["prefill_tokens_per_s"] = n / (ms * 1e-3);

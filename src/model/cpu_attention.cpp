@@ -20,7 +20,9 @@ struct AttendKernel {
 // The widest kernel at or below the selected one whose vector width divides the head size
 // (a head of 8, as in stories260K, takes the AVX2 kernel on an AVX-512 processor).
 AttendKernel kernel_for(int64_t head_dim) {
-  const CpuLinearKernel selected = cpu_linear_kernel();
+  CpuLinearKernel selected = cpu_linear_kernel();
+  // The attention is the same under both AVX-512 settings (they differ for bf16 weights only).
+  if (selected == CpuLinearKernel::kAvx512Bf16) selected = CpuLinearKernel::kAvx512;
   if (head_dim <= 0) return {};
   if (selected == CpuLinearKernel::kAvx512 && kernels::attend_rows_avx512 != nullptr &&
       head_dim % kernels::kAvx512Width == 0) {

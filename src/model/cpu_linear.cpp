@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <type_traits>
 #include <vector>
 
@@ -28,6 +29,25 @@ bool cpu_has_f16c() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
 }
+
+// AVX512_BF16 (vdpbf16ps, vcvtne2ps2bf16): CPUID leaf 7 subleaf 1, EAX bit 5, with AVX-512
+// F/BW/VL (leaf 7 subleaf 0, EBX bits 16, 30, 31), and the OS saving the opmask and zmm state
+// (OSXSAVE, then XCR0 bits 1, 2, 5, 6, 7). Read directly: __builtin_cpu_supports("avx512bf16")
+// is missing from older compilers.
+bool cpu_has_avx512_bf16() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0 || (ecx & bit_OSXSAVE) == 0) return false;
+  unsigned xcr0_low = 0, xcr0_high = 0;
+  __asm__ volatile("xgetbv" : "=a"(xcr0_low), "=d"(xcr0_high) : "c"(0));
+  constexpr unsigned kZmmState = 0xe6;  // SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM
+  if ((xcr0_low & kZmmState) != kZmmState) return false;
+  if (__get_cpuid_max(0, nullptr) < 7) return false;
+  __cpuid_count(7, 0, eax, ebx, ecx, edx);
+  constexpr unsigned kF = 1u << 16, kBw = 1u << 30, kVl = 1u << 31;
+  if ((ebx & (kF | kBw | kVl)) != (kF | kBw | kVl)) return false;
+  __cpuid_count(7, 1, eax, ebx, ecx, edx);
+  return (eax & (1u << 5)) != 0;
+}
 #endif
 
 bool cpu_has(CpuLinearKernel kernel) {
@@ -41,6 +61,10 @@ bool cpu_has(CpuLinearKernel kernel) {
     case CpuLinearKernel::kAvx512:
       return kernels::linear_rows_avx512 != nullptr && __builtin_cpu_supports("avx512f") &&
              __builtin_cpu_supports("fma") && cpu_has_f16c();
+    case CpuLinearKernel::kAvx512Bf16:
+      return cpu_has(CpuLinearKernel::kAvx512) &&
+             kernels::linear_rows_bf16_dot_avx512bf16 != nullptr &&
+             kernels::round_bf16_avx512bf16 != nullptr && cpu_has_avx512_bf16();
   }
   return false;
 #else
@@ -48,13 +72,23 @@ bool cpu_has(CpuLinearKernel kernel) {
 #endif
 }
 
+// The best kernel this processor has, or the one PROMPTCACHE_CPU_KERNELS names ("off" or "0":
+// none; "avx512-bf16", "avx512", "avx2": that one where the processor has it, else the best it
+// has below it).
 CpuLinearKernel default_kernel() {
   const char* env = std::getenv("PROMPTCACHE_CPU_KERNELS");
   if (env != nullptr && (std::strcmp(env, "off") == 0 || std::strcmp(env, "0") == 0)) {
     return CpuLinearKernel::kNone;
   }
-  if (cpu_has(CpuLinearKernel::kAvx512)) return CpuLinearKernel::kAvx512;
-  if (cpu_has(CpuLinearKernel::kAvx2)) return CpuLinearKernel::kAvx2;
+  const CpuLinearKernel order[] = {CpuLinearKernel::kAvx512Bf16, CpuLinearKernel::kAvx512,
+                                   CpuLinearKernel::kAvx2};
+  std::size_t first = 0;
+  for (std::size_t i = 0; env != nullptr && i < std::size(order); ++i) {
+    if (cpu_linear_name(order[i]) == env) first = i;
+  }
+  for (std::size_t i = first; i < std::size(order); ++i) {
+    if (cpu_has(order[i])) return order[i];
+  }
   return CpuLinearKernel::kNone;
 }
 
@@ -74,6 +108,7 @@ kernels::LinearRowsOf<W> rows_fn(CpuLinearKernel kernel) {
   };
   switch (kernel) {
     case CpuLinearKernel::kAvx512:
+    case CpuLinearKernel::kAvx512Bf16:  // bf16 weights go to bf16_dot_linear before this
       return pick(kernels::linear_rows_avx512, kernels::linear_rows_bf16_avx512,
                   kernels::linear_rows_f16_avx512, kernels::linear_rows_q8_avx512);
     case CpuLinearKernel::kAvx2:
@@ -83,6 +118,32 @@ kernels::LinearRowsOf<W> rows_fn(CpuLinearKernel kernel) {
       break;
   }
   return nullptr;
+}
+
+// Calls rows(n0, n1) for ranges of weight rows covering [0, n), on kernel_threads() threads,
+// for a call with m rows of x. The weight rows go in chunks (a multiple of 12 rows, so the 4-
+// and 3-row blocks of the kernels stay whole) that the pool's threads take as they come, about
+// four per thread; small matrices stay on one thread. A call along the lanes transposes x into
+// its thread's scratch for every chunk, so it takes one chunk per thread (more cost a 17-token
+// prefill of bench-small 7%).
+template <class Rows>
+void split_weight_rows(int64_t m, int64_t n, const Rows& rows) {
+  constexpr int64_t kGrain = 12 * 16;
+  const int threads =
+      static_cast<int>(std::min<int64_t>(kernel_threads(), (n + kGrain - 1) / kGrain));
+  if (threads <= 1) {
+    rows(0, n);
+    return;
+  }
+  const int64_t per_thread = m >= kernels::kLinearLaneMinRows ? 1 : 4;
+  const int64_t share =
+      std::max<int64_t>(kGrain / 2, (n + per_thread * threads - 1) / (per_thread * threads));
+  const int64_t rows_per_chunk = (share + 11) / 12 * 12;
+  const int64_t chunks = (n + rows_per_chunk - 1) / rows_per_chunk;
+  parallel_chunks(chunks, threads, [&](int64_t c) {
+    const int64_t n0 = c * rows_per_chunk;
+    rows(n0, std::min(n, n0 + rows_per_chunk));
+  });
 }
 
 // x [..., k] (f32, m rows) times w [n, k] by `fn`, into a new f32 [..., n].
@@ -95,12 +156,6 @@ torch::Tensor run_rows(kernels::LinearRowsOf<W> fn, const torch::Tensor& x, int6
   auto out = torch::empty(sizes, x.options());
   const float* xp = xc.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  // The weight rows go in chunks (a multiple of 12 rows, so the 4- and 3-row blocks of the
-  // kernels stay whole) that the pool's threads take as they come, about four per thread;
-  // small matrices stay on one thread.
-  constexpr int64_t kGrain = 12 * 16;
-  const int threads =
-      static_cast<int>(std::min<int64_t>(kernel_threads(), (n + kGrain - 1) / kGrain));
   // Each thread transposes x into its own scratch (kept between calls: a fresh allocation of
   // that size would be page-faulted anew each time).
   // f16 weights use it from 2 rows on too, for rows converted once for several passes.
@@ -116,21 +171,8 @@ torch::Tensor run_rows(kernels::LinearRowsOf<W> fn, const torch::Tensor& x, int6
     if (xt.size() < need) xt.resize(need);
     return xt.data();
   };
-  if (threads <= 1) {
-    fn(xp, m, k, wp, 0, n, op, n, scratch());
-    return out;
-  }
-  // A call along the lanes transposes x into its thread's scratch for every chunk, so it takes
-  // one chunk per thread (more cost a 17-token prefill of bench-small 7%).
-  const int64_t per_thread = m >= kernels::kLinearLaneMinRows ? 1 : 4;
-  const int64_t share =
-      std::max<int64_t>(kGrain / 2, (n + per_thread * threads - 1) / (per_thread * threads));
-  const int64_t rows_per_chunk = (share + 11) / 12 * 12;
-  const int64_t chunks = (n + rows_per_chunk - 1) / rows_per_chunk;
-  parallel_chunks(chunks, threads, [&](int64_t c) {
-    const int64_t n0 = c * rows_per_chunk;
-    fn(xp, m, k, wp, n0, std::min(n, n0 + rows_per_chunk), op, n, scratch());
-  });
+  split_weight_rows(m, n,
+                    [&](int64_t n0, int64_t n1) { fn(xp, m, k, wp, n0, n1, op, n, scratch()); });
   return out;
 }
 
@@ -195,7 +237,7 @@ torch::Tensor long_half_linear(kernels::WidenOf<W> widen, const torch::Tensor& x
 // The conversion for weights of element type W with `kernel`'s instruction set (null: none).
 template <class W>
 kernels::WidenOf<W> widen_fn(CpuLinearKernel kernel) {
-  const bool avx512 = kernel == CpuLinearKernel::kAvx512;
+  const bool avx512 = kernel == CpuLinearKernel::kAvx512 || kernel == CpuLinearKernel::kAvx512Bf16;
   if (kernel == CpuLinearKernel::kNone) return nullptr;
   if constexpr (std::is_same_v<W, kernels::Bf16>) {
     return avx512 ? kernels::widen_bf16_avx512 : kernels::widen_bf16_avx2;
@@ -250,7 +292,7 @@ torch::Tensor q8_linear(const torch::Tensor& x, const torch::Tensor& weight) {
   }
   if (m > kCpuLinearMaxRows) {
     return long_q8_linear(
-        kernel == CpuLinearKernel::kAvx512 ? kernels::widen_q8_avx512 : kernels::widen_q8_avx2, x,
+        kernel == CpuLinearKernel::kAvx2 ? kernels::widen_q8_avx2 : kernels::widen_q8_avx512, x,
         weight, k);
   }
   return run_rows<kernels::Q8>(fn, x, m, k,
@@ -264,10 +306,40 @@ bool kernel_takes(const torch::Tensor& x, const torch::Tensor& weight) {
          !(at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad()));
 }
 
+// f32 x times bf16 weights with vdpbf16ps (kAvx512Bf16), at every row count: x rounded to
+// bf16 once, into the calling thread's scratch, then the weight rows split over the threads as
+// in run_rows (from 13 rows one chunk per thread: every chunk reads all of x). m, k, n > 0.
+torch::Tensor bf16_dot_linear(const torch::Tensor& x, const torch::Tensor& weight, int64_t m) {
+  const int64_t k = weight.size(1), n = weight.size(0);
+  const auto xc = x.contiguous();
+  auto sizes = x.sizes().vec();
+  sizes.back() = n;
+  auto out = torch::empty(sizes, x.options());
+  thread_local std::vector<kernels::Bf16> xb;
+  const auto need = static_cast<std::size_t>(m * kernels::bf16_dot_stride(k));
+  if (xb.size() < need) xb.resize(need);
+  kernels::round_bf16_avx512bf16(xc.data_ptr<float>(), m, k, xb.data());
+  const auto* wp = reinterpret_cast<const kernels::Bf16*>(weight.data_ptr());
+  float* op = out.data_ptr<float>();
+  const kernels::Bf16* xp = xb.data();
+  split_weight_rows(m, n, [&](int64_t n0, int64_t n1) {
+    kernels::linear_rows_bf16_dot_avx512bf16(xp, m, k, wp, n0, n1, op, n);
+  });
+  return out;
+}
+
 // f32 x times bf16/f16 weights (W): the kernel up to kCpuLinearMaxRows rows, beyond that
 // long_half_linear; torch::linear on the f32 weights when the kernels are off (the reference).
+// bf16 weights under kAvx512Bf16 take bf16_dot_linear at every size.
 template <class W>
 torch::Tensor half_linear(const torch::Tensor& x, const torch::Tensor& weight) {
+  if constexpr (std::is_same_v<W, kernels::Bf16>) {
+    if (cpu_linear_kernel() == CpuLinearKernel::kAvx512Bf16 && kernel_takes(x, weight)) {
+      const int64_t k = weight.size(1);
+      const int64_t m = k == 0 ? 0 : x.numel() / k;
+      if (m > 0 && k > 0 && weight.size(0) > 0) return bf16_dot_linear(x, weight, m);
+    }
+  }
   const auto fn = rows_fn<W>(cpu_linear_kernel());
   if (fn == nullptr || !kernel_takes(x, weight)) {
     return torch::linear(x, weight.to(torch::kFloat32));
@@ -295,6 +367,8 @@ bool select_cpu_linear(CpuLinearKernel kernel) {
 
 std::string cpu_linear_name(CpuLinearKernel kernel) {
   switch (kernel) {
+    case CpuLinearKernel::kAvx512Bf16:
+      return "avx512-bf16";
     case CpuLinearKernel::kAvx512:
       return "avx512";
     case CpuLinearKernel::kAvx2:

@@ -20,6 +20,9 @@ enum class CpuLinearKernel {
   kNone,    // always torch::linear
   kAvx2,    // AVX2 + FMA
   kAvx512,  // AVX-512F
+  // AVX-512F as kAvx512, except that bf16 weights meet x rounded to bf16 in vdpbf16ps
+  // (AVX512_BF16) at every row count; see linear_layer.
+  kAvx512Bf16,
 };
 
 // Up to this many rows of x (tokens times batch) take the kernel; more go to the GEMM. On the
@@ -49,14 +52,23 @@ constexpr int64_t kCpuLinearQ8IntegerRows = 4;
 // max |x| / 127, round to nearest even) and multiply in integers, as llama.cpp does; more rows
 // multiply f32 x by the dequantized weights. The reference (kernels off) is always torch::linear
 // on dequantize_q8(weight) with f32 x.
+// Under kAvx512Bf16 a bf16 weight meets x rounded to bf16 (round to nearest even) instead, at
+// every row count: vdpbf16ps multiplies pairs of bf16 and sums in f32, so each output is within
+// (2^-8 + 2k 2^-24) sum_i |x_i w_i| of the f32 product (x's rounding, then the f32 sums), and a
+// row's output is bitwise the same whatever the other rows of the call (each output is summed in
+// one fixed order), as the batch-exact and prefix-exact contracts need. It takes bench-small's
+// prefill linears to a third of the widening path's time (docs/benchmarks.md).
 torch::Tensor linear_layer(const torch::Tensor& x, const torch::Tensor& weight);
 
-// The kernel in use: the best the processor supports, unless PROMPTCACHE_CPU_KERNELS=off was
-// set in the environment or select_cpu_linear() chose another.
+// The kernel in use: the best the processor supports (avx512-bf16, then avx512, then avx2),
+// unless select_cpu_linear() chose another or the environment named one when the process
+// started: PROMPTCACHE_CPU_KERNELS=off (or 0) turns them all off, =avx512 keeps the exact
+// widening bf16 path on an AVX512_BF16 processor, =avx2 the AVX2 kernels (a kernel the
+// processor lacks gives the best it has below it).
 CpuLinearKernel cpu_linear_kernel();
 // Chooses a kernel; returns false (and changes nothing) when this build or processor lacks it.
 bool select_cpu_linear(CpuLinearKernel kernel);
-// "avx512", "avx2" or "off". The kernel splits the weight rows over kernel_threads()
+// "avx512-bf16", "avx512", "avx2" or "off". The kernel splits the weight rows over kernel_threads()
 // (promptcache/model/threads.hpp).
 std::string cpu_linear_name(CpuLinearKernel kernel);
 

@@ -135,4 +135,22 @@ extern const AttendRowsFn attend_rows_avx512;
 extern const AttendRowsFn attend_rows_avx2;
 constexpr long long kAvx512Width = 16, kAvx2Width = 8;
 
+// ---- bf16 weights times x rounded to bf16 (AVX-512 BF16, avx512_bf16.cpp) ----
+// x is rounded to bf16 once per call (round to nearest even) into rows of bf16_dot_stride(k)
+// values, zero-padded; then out[t * ldo + j] = sum_i xb[t * stride + i] * w[j * k + i] for t in
+// [0, m) and j in [n0, n1), products of bf16 pairs summed in f32 (vdpbf16ps). Each output
+// element is summed in one fixed order whatever m, the tails or the split over threads, so a
+// row's result does not depend on the other rows of the call.
+constexpr long long kBf16DotChunk = 32;
+constexpr long long bf16_dot_stride(long long k) {
+  return (k + kBf16DotChunk - 1) / kBf16DotChunk * kBf16DotChunk;
+}
+using RoundBf16Fn = void (*)(const float* x, long long m, long long k, Bf16* xb);
+using LinearRowsBf16DotFn = void (*)(const Bf16* xb, long long m, long long k, const Bf16* w,
+                                     long long n0, long long n1, float* out, long long ldo);
+// Compiled with AVX-512 F/BW/VL/BF16; call only where the CPU has them (null where this
+// compiler could not build them).
+extern const RoundBf16Fn round_bf16_avx512bf16;
+extern const LinearRowsBf16DotFn linear_rows_bf16_dot_avx512bf16;
+
 }  // namespace promptcache::kernels
