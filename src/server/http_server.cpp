@@ -380,6 +380,10 @@ void Server::Impl::post_openai(const httplib::Request& req, httplib::Response& r
   }
   job->logprobs = request.logprobs;
   job->echo = request.echo;
+  // Harnesses score with echo and max_tokens 1 and drop the last entry as the generated one
+  // (lm-evaluation-harness: token_logprobs[ctxlen:-1]): that token is reported even when it
+  // ends the sequence, as OpenAI does, or the continuation's last token would be dropped.
+  if (request.echo && job->params.max_new_tokens == 1) job->params.stop_at_eos = false;
   auto reply_info = std::make_shared<OpenAIReply>();
   reply_info->chat = chat;
   reply_info->id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);

@@ -177,6 +177,52 @@ TEST_CASE("logprobs: /v1/completions echo scores the prompt as a no-cache forwar
   }
 }
 
+TEST_CASE("logprobs: echo with max_tokens 1 always reports its one generated token", "[server]") {
+  // lm-evaluation-harness reads token_logprobs[ctxlen:-1]: one entry past the prompt, always.
+  TestServer s;
+  auto ref = tiny_engine();
+  // A prompt after which the model's likeliest token is EOS: generation stops there, yet the
+  // echo answer still has its entry.
+  const TokenId eos = ref->tokenizer().eos_id();
+  std::vector<TokenId> ends;
+  for (TokenId a = 3; a < 400 && ends.empty(); ++a) {
+    for (TokenId b = 3; b < 400; b += 7) {
+      const std::vector<TokenId> ids = {1, a, b};
+      if (reference_logprobs(*ref, ids)[2].argmax().item<int64_t>() == eos) {
+        ends = ids;
+        break;
+      }
+    }
+  }
+  std::vector<std::vector<TokenId>> prompts = {kPrompt};
+  if (ends.empty()) {
+    WARN("no 3-token prompt found whose greedy next token is EOS: that case is not checked");
+  } else {
+    prompts.push_back(ends);
+  }
+  for (const auto& prompt : prompts) {
+    SamplingParams p;
+    p.max_new_tokens = 1;
+    p.stop_at_eos = false;
+    const GenerationResult g = generate(ref->model(), ref->tokenizer(), prompt, p);
+    REQUIRE(g.tokens.size() == 1);
+    std::vector<TokenId> all = prompt;
+    all.push_back(g.tokens[0]);
+    const torch::Tensor full = reference_logprobs(*ref, all);
+    const json r = post_json(s, "/v1/completions",
+                             {{"prompt", prompt},
+                              {"max_tokens", 1},
+                              {"echo", true},
+                              {"logprobs", 1},
+                              {"temperature", 0}});
+    const json& l = r["choices"][0]["logprobs"];
+    REQUIRE(l["token_logprobs"].size() == prompt.size() + 1);
+    CHECK(std::abs(l["token_logprobs"][prompt.size()].get<double>() -
+                   full[prompt.size() - 1][g.tokens[0]].item<double>()) < 1e-4);
+    CHECK(r["usage"]["completion_tokens"] == 1);
+  }
+}
+
 TEST_CASE("logprobs: generated tokens' logprobs are the log-softmax at their step, streamed too",
           "[server]") {
   TestServer s;
