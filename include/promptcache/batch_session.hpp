@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "promptcache/engine.hpp"
+#include "promptcache/logprobs.hpp"
 
 namespace promptcache {
 
@@ -55,6 +56,8 @@ class BatchSession {
   struct Finished {
     RowId id = 0;
     Response response;
+    // With `logprobs` >= 0 at admission: one entry per token of response.tokens.
+    std::vector<TokenLogprob> logprobs;
   };
 
   explicit BatchSession(Engine& engine, BatchSessionOptions options = {});
@@ -69,8 +72,14 @@ class BatchSession {
   // parameters, a recompute share outside [0, 1]). Nothing (and no work done) when the
   // batch is full or its slots cannot hold the prompt now. A prompt whose sequence ends at its
   // first token is reported by the next step().
+  //
+  // `logprobs` >= 0 (at most kMaxTopLogprobs): every generated token's log-probability under the
+  // model's raw distribution and its `logprobs` likeliest alternatives are kept
+  // (Finished::logprobs) and shown to on_token (current_logprob()); -1 (the default) costs
+  // nothing.
   std::optional<RowId> admit(const pml::Prompt& prompt, const SamplingParams& params,
-                             TokenCallback on_token = {}, const RequestOptions& request = {});
+                             TokenCallback on_token = {}, const RequestOptions& request = {},
+                             int logprobs = -1);
 
   // A prompt without modules (the model as a plain LLM): token ids at positions 0..n-1. The
   // session keeps the states of the last plain prompt it admitted (and, once that one has
@@ -81,7 +90,11 @@ class BatchSession {
   // fresh_tokens the rest. Errors: kPrompt for an empty prompt, kContextOverflow past the model's
   // context, bad parameters. Nothing (and no work done) when there is no room now, as admit().
   std::optional<RowId> admit_tokens(const std::vector<TokenId>& prompt,
-                                    const SamplingParams& params, TokenCallback on_token = {});
+                                    const SamplingParams& params, TokenCallback on_token = {},
+                                    int logprobs = -1);
+  // While an on_token callback of a row admitted with logprobs runs: the log-probability entry
+  // of the token it is passed; nullptr otherwise.
+  const TokenLogprob* current_logprob() const { return current_logprob_; }
   // The tokens whose states the plain prefix store holds (slot i = position i).
   const std::vector<TokenId>& prefix_tokens() const { return prefix_tokens_; }
 
@@ -109,7 +122,10 @@ class BatchSession {
   // and samples its first token; `response` carries the prompt's token counts and timings.
   RowId join(int64_t row, const KVCache& prompt, const torch::Tensor& logits,
              std::vector<TokenId> history, const SamplingParams& params, TokenCallback on_token,
-             int64_t room, double start, Response response, uint64_t prefix_version);
+             int64_t room, double start, Response response, uint64_t prefix_version, int logprobs);
+  // Samples row `r`'s next token from `n` logits and passes it to its stream (with its
+  // log-probability when the row keeps them): accept_token's result.
+  TokenId sample_and_accept(Row& r, const float* logits, std::size_t n, int64_t context);
   // A finished plain row whose prompt the prefix store still holds: its fed-back tokens' states
   // are appended there, so a follow-up that repeats the answer reuses them too.
   void keep_generated(const Row& r, int64_t row, const std::vector<TokenId>& tokens);
@@ -135,6 +151,7 @@ class BatchSession {
   uint64_t prefix_version_ = 0;  // changes whenever prefix_ does
   std::vector<std::unique_ptr<Row>> rows_;
   RowId next_id_ = 1;
+  const TokenLogprob* current_logprob_ = nullptr;  // see current_logprob()
   int64_t compactions_ = 0;
 };
 

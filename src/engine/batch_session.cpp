@@ -21,6 +21,8 @@ struct BatchSession::Row {
   uint64_t prefix_version = 0;  // a plain row: the prefix store's version after its admission
   double start_ms = 0, first_token_ms = 0, last_token_ms = 0;
   Response response;
+  int logprobs = -1;               // alternatives kept per token; -1: no log-probabilities
+  std::vector<TokenLogprob> kept;  // per sampled token (the stop token's dropped at the end)
 };
 
 namespace {
@@ -37,7 +39,36 @@ TokenId accept_token(TokenStream& stream, TokenId sampled, int64_t room, int64_t
   return id;
 }
 
+void check_logprobs(int logprobs) {
+  if (logprobs < -1 || logprobs > kMaxTopLogprobs) {
+    throw Error(ErrorKind::kInvalidArgument, "logprobs must be -1 (none) or from 0 to " +
+                                                 std::to_string(kMaxTopLogprobs) + ", got " +
+                                                 std::to_string(logprobs));
+  }
+}
+
 }  // namespace
+
+TokenId BatchSession::sample_and_accept(Row& r, const float* logits, std::size_t n,
+                                        int64_t context) {
+  const TokenId id = r.stream->sample(logits, n);
+  r.last_token_ms = now_ms();
+  if (r.logprobs < 0 || id < 0)
+    return accept_token(*r.stream, id, r.room, r.next_position, context);
+  // Only rows that asked pay for the log-softmax (one pass over the logits, before sampling
+  // adjustments: the model's own distribution).
+  r.kept.push_back(token_logprob(logits, n, id, r.logprobs));
+  current_logprob_ = &r.kept.back();
+  TokenId next = -1;
+  try {
+    next = accept_token(*r.stream, id, r.room, r.next_position, context);
+  } catch (...) {
+    current_logprob_ = nullptr;
+    throw;
+  }
+  current_logprob_ = nullptr;
+  return next;
+}
 
 BatchSession::BatchSession(Engine& engine, BatchSessionOptions options)
     : engine_(engine), options_(options) {
@@ -82,9 +113,11 @@ bool BatchSession::make_room(int64_t prompt_slots, int64_t decode_room) {
 std::optional<BatchSession::RowId> BatchSession::admit(const pml::Prompt& prompt,
                                                        const SamplingParams& params,
                                                        TokenCallback on_token,
-                                                       const RequestOptions& request) {
+                                                       const RequestOptions& request,
+                                                       int logprobs) {
   const double start = now_ms();
   params.validate();
+  check_logprobs(logprobs);
   const int64_t context = engine_.model().config().max_position_embeddings;
   const int64_t room = decode_room(params.max_new_tokens, context);
   const int64_t row = place_row();
@@ -113,14 +146,16 @@ std::optional<BatchSession::RowId> BatchSession::admit(const pml::Prompt& prompt
   response.recomputed_tokens = pre.recomputed_tokens;
   response.kv_bytes = pre.assembled.kv_bytes;
   return join(row, scratch_, pre.logits, resolved.baseline, params, std::move(on_token), room,
-              start, std::move(response), 0);
+              start, std::move(response), 0, logprobs);
 }
 
 std::optional<BatchSession::RowId> BatchSession::admit_tokens(const std::vector<TokenId>& prompt,
                                                               const SamplingParams& params,
-                                                              TokenCallback on_token) {
+                                                              TokenCallback on_token,
+                                                              int logprobs) {
   const double start = now_ms();
   params.validate();
+  check_logprobs(logprobs);
   const LlamaModel& model = engine_.model();
   const auto n = static_cast<int64_t>(prompt.size());
   const int64_t context = model.config().max_position_embeddings;
@@ -167,14 +202,14 @@ std::optional<BatchSession::RowId> BatchSession::admit_tokens(const std::vector<
   response.reused_tokens = keep;
   response.fresh_tokens = n - keep;
   return join(row, prefix_, logits, prompt, params, std::move(on_token), room, start,
-              std::move(response), prefix_version_);
+              std::move(response), prefix_version_, logprobs);
 }
 
 BatchSession::RowId BatchSession::join(int64_t row, const KVCache& prompt,
                                        const torch::Tensor& logits, std::vector<TokenId> history,
                                        const SamplingParams& params, TokenCallback on_token,
                                        int64_t room, double start, Response response,
-                                       uint64_t prefix_version) {
+                                       uint64_t prefix_version, int logprobs) {
   const int64_t context = engine_.model().config().max_position_embeddings;
   if (rows_.empty()) {
     cache_.clear();
@@ -206,14 +241,14 @@ BatchSession::RowId BatchSession::join(int64_t row, const KVCache& prompt,
   r->stream = std::make_unique<TokenStream>(engine_.model(), engine_.tokenizer(), params,
                                             std::move(history), std::move(on_token));
   r->response = std::move(response);
+  r->logprobs = logprobs;
 
   // The first token, from the prefill's logits (generate's first iteration).
   auto host = logits.reshape({-1}).to(torch::kCPU, torch::kFloat32).contiguous();
-  const TokenId id =
-      r->stream->sample(host.data_ptr<float>(), static_cast<std::size_t>(host.numel()));
-  r->first_token_ms = r->last_token_ms = now_ms();
   r->next_position = prompt.max_position() + 1;
-  r->next_token = accept_token(*r->stream, id, r->room, r->next_position, context);
+  r->next_token = sample_and_accept(*r, host.data_ptr<float>(),
+                                    static_cast<std::size_t>(host.numel()), context);
+  r->first_token_ms = r->last_token_ms;
   r->finished = r->next_token < 0;
   const RowId admitted = r->id;
   if (row == rows()) {
@@ -342,9 +377,7 @@ std::vector<BatchSession::Finished> BatchSession::step() {
       ++r.response.timings.decode_tokens;
       ++r.next_position;
       --r.room;
-      const TokenId id = r.stream->sample(host[i].data_ptr<float>(), vocab);
-      r.last_token_ms = now_ms();
-      r.next_token = accept_token(*r.stream, id, r.room, r.next_position, context);
+      r.next_token = sample_and_accept(r, host[i].data_ptr<float>(), vocab, context);
       r.finished = r.next_token < 0;
     }
   }
@@ -364,7 +397,9 @@ void BatchSession::retire_finished(std::vector<Finished>& out) {
     response.stop_reason = result.stop_reason;
     response.timings.ttft_ms = r->first_token_ms - r->start_ms;
     response.timings.decode_ms = r->last_token_ms - r->first_token_ms;
-    out.push_back({r->id, std::move(response)});
+    // The stop token (never in response.tokens) was sampled last: its entry goes.
+    if (r->kept.size() > response.tokens.size()) r->kept.resize(response.tokens.size());
+    out.push_back({r->id, std::move(response), std::move(r->kept)});
     r->reported = true;
     r->stream.reset();
   }

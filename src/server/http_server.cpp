@@ -155,6 +155,8 @@ struct Server::Impl {
   void post_prompt(const httplib::Request& req, httplib::Response& res);
   void post_openai(const httplib::Request& req, httplib::Response& res, bool chat);
   std::vector<TokenId> plain_ids(const std::vector<pml::Turn>& turns) const;
+  // Token ids a client sent as the prompt, checked against the vocabulary and the context.
+  std::vector<TokenId> checked_ids(std::vector<TokenId> ids) const;
   void delete_schema(const std::string& name, httplib::Response& res);
   void start_scheduler() {
     if (!started) scheduler.start();
@@ -327,6 +329,25 @@ void Server::Impl::post_prompt(const httplib::Request& req, httplib::Response& r
   reply(job, stream, f, res);
 }
 
+std::vector<TokenId> Server::Impl::checked_ids(std::vector<TokenId> ids) const {
+  const int64_t limit = engine->model().config().max_position_embeddings;
+  const int64_t vocab = engine->model().config().vocab_size;
+  if (ids.empty()) throw Error(ErrorKind::kPrompt, "the prompt has no tokens");
+  for (TokenId id : ids) {
+    if (id < 0 || id >= vocab) {
+      throw Error(ErrorKind::kInvalidArgument, "'prompt' holds token id " + std::to_string(id) +
+                                                   ", outside the model's vocabulary of " +
+                                                   std::to_string(vocab));
+    }
+  }
+  if (static_cast<int64_t>(ids.size()) > limit) {
+    throw Error(ErrorKind::kContextOverflow, "the prompt is " + std::to_string(ids.size()) +
+                                                 " tokens but the model's context is " +
+                                                 std::to_string(limit));
+  }
+  return ids;
+}
+
 std::vector<TokenId> Server::Impl::plain_ids(const std::vector<pml::Turn>& turns) const {
   const int64_t limit = engine->model().config().max_position_embeddings;
   check_turns_fit(turns, limit);
@@ -354,8 +375,15 @@ void Server::Impl::post_openai(const httplib::Request& req, httplib::Response& r
     // Tokenized and held to the context here, in the request's own thread: the scheduler gets
     // ids that fit.
     job->kind = Job::Kind::kPlain;
-    job->ids = plain_ids(request.turns);
+    job->ids =
+        request.prompt_ids ? checked_ids(std::move(*request.prompt_ids)) : plain_ids(request.turns);
   }
+  job->logprobs = request.logprobs;
+  job->echo = request.echo;
+  // Harnesses score with echo and max_tokens 1 and drop the last entry as the generated one
+  // (lm-evaluation-harness: token_logprobs[ctxlen:-1]): that token is reported even when it
+  // ends the sequence, as OpenAI does, or the continuation's last token would be dropped.
+  if (request.echo && job->params.max_new_tokens == 1) job->params.stop_at_eos = false;
   auto reply_info = std::make_shared<OpenAIReply>();
   reply_info->chat = chat;
   reply_info->id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
@@ -363,6 +391,10 @@ void Server::Impl::post_openai(const httplib::Request& req, httplib::Response& r
   reply_info->created = std::chrono::duration_cast<std::chrono::seconds>(
                             std::chrono::system_clock::now().time_since_epoch())
                             .count();
+  reply_info->logprobs = request.logprobs;
+  reply_info->echo = request.echo;
+  const Tokenizer* tokenizer = &engine->tokenizer();
+  reply_info->token_text = [tokenizer](TokenId id) { return tokenizer->decode_piece(id); };
   auto prompt_tokens = std::make_shared<int64_t>(0);
   const bool usage = request.include_usage;
   Format f;
@@ -371,14 +403,33 @@ void Server::Impl::post_openai(const httplib::Request& req, httplib::Response& r
     return reply_info->chat ? sse(openai_chunk(*reply_info, "", true, nullptr)) : std::string();
   };
   f.progress = [](const Event&) { return std::string(); };
-  f.token = [reply_info](const Event& e) {
-    return e.text.empty() ? std::string() : sse(openai_chunk(*reply_info, e.text, false, nullptr));
+  // Streamed log-probabilities: a token whose text is not out yet (part of a character, or held
+  // back for a stop string) has its entry sent with the next chunk that has text, or the last.
+  struct StreamedLogprobs {
+    std::vector<TokenLogprob> pending;
+    std::size_t offset = 0;  // text_offset of the next token
+  };
+  auto streamed = std::make_shared<StreamedLogprobs>();
+  const auto take_pending = [reply_info, streamed] {
+    std::vector<TokenLogprob> lps = std::move(streamed->pending);
+    streamed->pending.clear();
+    const std::size_t offset = streamed->offset;
+    for (const TokenLogprob& lp : lps)
+      streamed->offset += token_string(*reply_info, lp.token).size();
+    return std::make_pair(std::move(lps), offset);
+  };
+  f.token = [reply_info, streamed, take_pending](const Event& e) {
+    if (e.logprob) streamed->pending.push_back(*e.logprob);
+    if (e.text.empty()) return std::string();
+    auto [lps, offset] = take_pending();
+    return sse(openai_chunk(*reply_info, e.text, false, nullptr, lps, offset));
   };
   const bool stream = request.stream;
-  f.done = [reply_info, prompt_tokens, stream, usage](const Event& e) {
+  f.done = [reply_info, prompt_tokens, stream, usage, take_pending](const Event& e) {
     if (!stream) return dump(openai_response(*reply_info, e, *prompt_tokens));
-    std::string out =
-        sse(openai_chunk(*reply_info, "", false, finish_reason(e.response.stop_reason)));
+    auto [lps, offset] = take_pending();
+    std::string out = sse(
+        openai_chunk(*reply_info, "", false, finish_reason(e.response.stop_reason), lps, offset));
     if (usage) out += sse(openai_usage_chunk(*reply_info, e, *prompt_tokens));
     return out;
   };

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "promptcache/engine.hpp"
+#include "promptcache/logprobs.hpp"
 
 namespace promptcache::server {
 
@@ -31,6 +32,13 @@ struct Event {
   int batch_size = 1;         // kDone: how many requests ran together
   double queue_ms = 0;        // kDone: arrival to the start of its run
   int64_t prompt_tokens = 0;  // kAccepted
+  // Jobs with logprobs >= 0: kToken, the token's entry; kDone, one per response.tokens.
+  std::optional<TokenLogprob> logprob;
+  std::vector<TokenLogprob> logprobs;
+  // kDone of a job with echo: the prompt's ids and the log-probabilities of ids[1..] (empty
+  // without logprobs).
+  std::vector<TokenId> prompt_ids;
+  std::vector<TokenLogprob> prompt_logprobs;
 };
 
 // One producer (the scheduler), one consumer (the handler).
@@ -68,6 +76,11 @@ struct Job {
   SamplingParams params;
   bool use_cache = true;
   std::optional<double> recompute;  // kPrompt: RequestOptions::recompute (unset: the schema's)
+  // Log-probabilities (0..kMaxTopLogprobs alternatives; -1: none) of the generated tokens, and
+  // with echo (kPlain only) of the prompt's.
+  int logprobs = -1;
+  bool echo = false;
+  std::vector<TokenLogprob> prompt_logprobs;  // echo with logprobs: computed before admission
   double arrival_ms = 0;
   bool accepted = false;  // kAccepted was sent (the scheduler thread's: a prompt may wait for room)
   // Set by the handler when its client is gone: the token callbacks then return false.

@@ -160,13 +160,32 @@ std::vector<pml::Turn> chat_turns_from_json(const json& body, const RequestLimit
 
 namespace {
 
-std::string completion_text(const json& body) {
+// A list of token ids (whole numbers from 0 to 2^31 - 1), or nothing when `v` is not one.
+std::optional<std::vector<TokenId>> token_ids(const json& v) {
+  if (!v.is_array() || v.empty() || !v[0].is_number()) return std::nullopt;
+  std::vector<TokenId> ids;
+  ids.reserve(v.size());
+  for (const json& x : v) {
+    if (!x.is_number_integer() ||
+        (x.is_number_unsigned() ? x.get<uint64_t>() > uint64_t{INT32_MAX}
+                                : x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX)) {
+      throw field_error("prompt", "a string or a list of token ids (whole numbers >= 0)", v);
+    }
+    ids.push_back(static_cast<TokenId>(x.get<int64_t>()));
+  }
+  return ids;
+}
+
+// The one prompt of a /v1/completions body: its text, or (into `ids`) its token ids.
+std::string completion_text(const json& body, std::optional<std::vector<TokenId>>& ids) {
   const auto it = body.find("prompt");
   if (it == body.end()) throw bad("'prompt' is missing");
   const json& p = *it;
   if (p.is_string()) return p.get<std::string>();
   if (p.is_array() && p.size() == 1 && p[0].is_string()) return p[0].get<std::string>();
-  throw bad("'prompt' must be a string (one prompt per request)");
+  if ((ids = token_ids(p))) return {};
+  if (p.is_array() && p.size() == 1 && (ids = token_ids(p[0]))) return {};
+  throw bad("'prompt' must be a string or a list of token ids (one prompt per request)");
 }
 
 // One module reference (a name, or {"name", "arguments", "modules"}) without its children.
@@ -408,11 +427,33 @@ CompletionRequest parse_completion_request(std::string_view text, bool chat,
   }
   if (chat) {
     out.turns = chat_turns_from_json(body, limits);
+    if (present(body, "echo")) throw bad("'echo' is a /v1/completions field");
+    const bool logprobs = bool_field(body, "logprobs", "logprobs", false);
+    if (present(body, "top_logprobs")) {
+      if (!logprobs) throw bad("'top_logprobs' needs 'logprobs': true");
+      out.logprobs = static_cast<int>(whole_field(body, "top_logprobs", 0, kMaxChatTopLogprobs));
+    } else if (logprobs) {
+      out.logprobs = 0;
+    }
   } else {
-    pml::Turn turn;
-    turn.text = pml::compact_whitespace(completion_text(body));
-    turn.where = request_at("prompt");
-    out.turns.push_back(std::move(turn));
+    const std::string text = completion_text(body, out.prompt_ids);
+    if (!out.prompt_ids) {
+      pml::Turn turn;
+      turn.text = pml::compact_whitespace(text);
+      turn.where = request_at("prompt");
+      out.turns.push_back(std::move(turn));
+    }
+    if (present(body, "top_logprobs")) {
+      throw bad(
+          "'top_logprobs' is a /v1/chat/completions field; /v1/completions takes "
+          "'logprobs': N (0 to " +
+          std::to_string(kMaxCompletionLogprobs) + ")");
+    }
+    if (present(body, "logprobs")) {
+      out.logprobs = static_cast<int>(whole_field(body, "logprobs", 0, kMaxCompletionLogprobs));
+    }
+    out.echo = bool_field(body, "echo", "echo", false);
+    if (out.echo && out.stream) throw bad("'echo' cannot be used with 'stream'");
   }
   if (present(body, "promptcache")) {
     const json& field = body["promptcache"];
@@ -422,6 +463,8 @@ CompletionRequest parse_completion_request(std::string_view text, bool chat,
           "'recompute')");
     }
     refuse_unknown_fields(field, {"schema", "modules", "use_cache", "recompute"});
+    if (out.echo) throw bad("'echo' cannot be used with 'promptcache' (plain prompts only)");
+    if (out.prompt_ids) throw bad("'prompt' must be text with 'promptcache' (not token ids)");
     pml::Prompt prompt;
     prompt.schema = field["schema"];
     prompt.file = "<request>";

@@ -89,6 +89,11 @@ struct PromptRequest {
 };
 PromptRequest parse_prompt_request(std::string_view body, const RequestLimits& limits);
 
+// The most alternatives a request may ask per token: /v1/completions' "logprobs" (OpenAI's legacy
+// limit) and /v1/chat/completions' "top_logprobs".
+constexpr int kMaxCompletionLogprobs = 5;
+constexpr int kMaxChatTopLogprobs = 20;
+
 // POST /v1/chat/completions (chat) and /v1/completions: the OpenAI fields we take, plus the
 // "promptcache" field that selects modules:
 //   "promptcache": {"schema": "docs", "modules": ["doc-a", {"name": "focus",
@@ -99,6 +104,17 @@ struct CompletionRequest {
   bool include_usage = false;  // stream_options.include_usage
   SamplingParams params;
   std::vector<pml::Turn> turns;  // the messages (chat) or the one prompt text
+  // /v1/completions with "prompt" as token ids ([1, 2, 3] or [[1, 2, 3]]): used as they are
+  // (no BOS added; each a whole number >= 0, checked against the vocabulary by the server);
+  // `turns` is then empty.
+  std::optional<std::vector<TokenId>> prompt_ids;
+  // Log-probabilities of the generated (and, with echo, prompt) tokens: -1 none, else how many
+  // likeliest alternatives each token reports. /v1/completions: "logprobs": N (0..5);
+  // chat: "logprobs": true, "top_logprobs": N (0..20, only with logprobs).
+  int logprobs = -1;
+  // /v1/completions "echo": the prompt's tokens come back before the completion, with their
+  // log-probabilities when logprobs is set. Not with "stream" or "promptcache" (a 400).
+  bool echo = false;
   // With a "promptcache" field: the PML prompt (schema, modules; its turns are `turns`).
   std::optional<pml::Prompt> prompt;
   bool use_cache = true;

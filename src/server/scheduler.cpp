@@ -303,12 +303,14 @@ TokenCallback Scheduler::stream_to(Job& job) {
     ev.type = Event::Type::kToken;
     ev.id = id;
     ev.text = text;
+    if (const TokenLogprob* lp = batch_->current_logprob()) ev.logprob = *lp;
     job.channel.push(std::move(ev));
     return true;
   };
 }
 
-void Scheduler::finish(Job& job, Response r, int batch_size, double run_start) {
+void Scheduler::finish(Job& job, Response r, int batch_size, double run_start,
+                       std::vector<TokenLogprob> logprobs) {
   const double queue_ms = run_start - job.arrival_ms;
   if (job.cancelled.load()) metrics_.count_cancelled();
   if (!r.tokens.empty()) metrics_.observe_ttft(queue_ms + r.timings.ttft_ms);
@@ -318,6 +320,11 @@ void Scheduler::finish(Job& job, Response r, int batch_size, double run_start) {
   ev.batch_size = batch_size;
   ev.queue_ms = queue_ms;
   ev.response = std::move(r);
+  ev.logprobs = std::move(logprobs);
+  if (job.echo) {
+    ev.prompt_ids = job.ids;
+    ev.prompt_logprobs = std::move(job.prompt_logprobs);
+  }
   job.channel.push(std::move(ev));
 }
 
@@ -352,13 +359,31 @@ bool Scheduler::admit(const JobPtr& job) {
     // Checked before the first token can stream, so a bad request gets its error first.
     if (!job->accepted) accept(*job);
     const double run_start = now_ms();
+    const bool echo = job->echo && job->kind == Job::Kind::kPlain;
+    if (echo && job->logprobs >= 0 && job->prompt_logprobs.empty()) {
+      // Every prompt token's log-probability, from a forward of its own without prefix reuse
+      // (the batch's prefill keeps the last token's logits only). Kept if the batch has no
+      // room now and the job waits.
+      job->prompt_logprobs = prompt_logprobs(engine_.model(), job->ids, job->logprobs);
+    }
+    if (echo && job->params.max_new_tokens == 0) {
+      // Scoring only (an evaluation harness's loglikelihood request): no row in the batch.
+      Response r;
+      r.fresh_tokens = static_cast<int64_t>(job->ids.size());
+      r.timings.fresh_prefill_ms = now_ms() - run_start;
+      r.stop_reason = StopReason::kMaxTokens;
+      finish(*job, std::move(r), 1, run_start, {});
+      return true;
+    }
     const int64_t before = batch_->active();
     RequestOptions request;
     request.use_cache = job->use_cache;
     request.recompute = job->recompute;
-    const auto row = job->kind == Job::Kind::kPlain
-                         ? batch_->admit_tokens(job->ids, job->params, stream_to(*job))
-                         : batch_->admit(job->prompt, job->params, stream_to(*job), request);
+    const auto row =
+        job->kind == Job::Kind::kPlain
+            ? batch_->admit_tokens(job->ids, job->params, stream_to(*job), job->logprobs)
+            : batch_->admit(job->prompt, job->params, stream_to(*job), request, job->logprobs);
+
     if (!row) return false;
     if (before > 0 && decoding_) metrics_.count_join();
     running_[*row] = {job, run_start, static_cast<int>(batch_->active())};
@@ -389,7 +414,7 @@ void Scheduler::step() {
     Running r = std::move(it->second);
     running_.erase(it);
     metrics_.observe_batch(r.batch_size);
-    finish(*r.job, std::move(f.response), r.batch_size, r.run_start);
+    finish(*r.job, std::move(f.response), r.batch_size, r.run_start, std::move(f.logprobs));
   }
 }
 

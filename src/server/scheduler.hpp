@@ -92,7 +92,8 @@ class Scheduler {
   // Error(429 LimitError) when adding `layout` would pass max_schemas or max_schema_positions.
   void check_schema_budget(const pml::Layout& layout) const;
   void run_delete(Job& job);
-  void finish(Job& job, Response r, int batch_size, double run_start);
+  void finish(Job& job, Response r, int batch_size, double run_start,
+              std::vector<TokenLogprob> logprobs);
   // The schema's layout into the snapshot; false (nothing published) when `compile` was deleted
   // meanwhile.
   bool publish(const std::string& name, const Job* compile = nullptr);

@@ -113,9 +113,21 @@ void check_completion(const server::CompletionRequest& r, bool chat, const Reque
     check(!r.turns.empty() && r.turns.size() <= limits.max_messages,
           "chat messages empty or over the limit");
     for (const pml::Turn& t : r.turns) check(t.role.has_value(), "a chat message without a role");
+  } else if (r.prompt_ids) {
+    // Token ids instead of text: no turns, none negative, and never with modules.
+    check(r.turns.empty(), "a completion with token ids also has text");
+    check(!r.prompt_ids->empty(), "a completion with an empty list of token ids");
+    for (TokenId id : *r.prompt_ids) check(id >= 0, "a negative token id in the prompt");
+    check(!r.prompt, "token ids with promptcache modules");
   } else {
     check(r.turns.size() == 1 && !r.turns[0].role, "a completion is not one plain text");
   }
+  // logprobs: -1 (none) or within the endpoint's limit; echo only on /v1/completions, never
+  // with stream or modules.
+  check(r.logprobs >= -1 &&
+            r.logprobs <= (chat ? server::kMaxChatTopLogprobs : server::kMaxCompletionLogprobs),
+        "logprobs outside the endpoint's range");
+  check(!r.echo || (!chat && !r.stream && !r.prompt), "echo with chat, stream or modules");
   check_params(r.params, limits);
   check_recompute(r.recompute);
   if (r.prompt) {

@@ -204,3 +204,68 @@ TEST_CASE("request: media types ignore case, spaces and parameters", "[server][r
   CHECK(media_type("application/jsonx") == "application/jsonx");
   CHECK(media_type("") == "");
 }
+
+TEST_CASE("request: logprobs, top_logprobs and echo are typed and range-checked",
+          "[server][request]") {
+  const RequestLimits limits;
+  const auto completion = [&](const std::string& fields) {
+    return parse_completion_request(R"({"prompt": "Hi")" + fields + "}", false, limits);
+  };
+  const auto chat = [&](const std::string& fields) {
+    return parse_completion_request("{" + kChat + fields + "}", true, limits);
+  };
+  CHECK(completion("").logprobs == -1);
+  CHECK(!completion("").echo);
+  CHECK(completion(R"(, "logprobs": null)").logprobs == -1);
+  CHECK(completion(R"(, "logprobs": 0)").logprobs == 0);
+  CHECK(completion(R"(, "logprobs": 5)").logprobs == 5);
+  const CompletionRequest scoring = completion(R"(, "logprobs": 1, "echo": true, "max_tokens": 0)");
+  CHECK(scoring.echo);
+  CHECK(scoring.logprobs == 1);
+  CHECK(scoring.params.max_new_tokens == 0);
+  CHECK(chat("").logprobs == -1);
+  CHECK(chat(R"(, "logprobs": false)").logprobs == -1);
+  CHECK(chat(R"(, "logprobs": true)").logprobs == 0);
+  CHECK(chat(R"(, "logprobs": true, "top_logprobs": 20)").logprobs == 20);
+  CHECK(chat(R"(, "logprobs": true, "top_logprobs": 0)").logprobs == 0);
+
+  const auto bad = ErrorKind::kInvalidArgument;
+  for (const char* v : {"6", "-1", "true", "1.5", "\"2\"", "[1]", "18446744073709551616"}) {
+    INFO(v);
+    refused([&] { completion(std::string(R"(, "logprobs": )") + v); }, bad, "'logprobs'");
+  }
+  refused([&] { completion(R"(, "echo": 1)"); }, bad, "'echo'");
+  refused([&] { completion(R"(, "echo": true, "stream": true)"); }, bad, "'echo'");
+  refused([&] { completion(R"(, "top_logprobs": 2)"); }, bad, "'top_logprobs'");
+  refused([&] { completion(R"(, "echo": true, "promptcache": {"schema": "s"})"); }, bad, "'echo'");
+  refused([&] { chat(R"(, "logprobs": 3)"); }, bad, "'logprobs'");
+  refused([&] { chat(R"(, "top_logprobs": 3)"); }, bad, "'top_logprobs'");
+  refused([&] { chat(R"(, "logprobs": false, "top_logprobs": 3)"); }, bad, "'top_logprobs'");
+  refused([&] { chat(R"(, "logprobs": true, "top_logprobs": 21)"); }, bad, "'top_logprobs'");
+  refused([&] { chat(R"(, "logprobs": true, "top_logprobs": -1)"); }, bad, "'top_logprobs'");
+  refused([&] { chat(R"(, "echo": true)"); }, bad, "'echo'");
+}
+
+TEST_CASE("request: a completion prompt may be token ids", "[server][request]") {
+  const RequestLimits limits;
+  const auto ids = [&](const std::string& prompt) {
+    return parse_completion_request(R"({"prompt": )" + prompt + "}", false, limits);
+  };
+  const CompletionRequest r = ids("[1, 2, 3]");
+  REQUIRE(r.prompt_ids);
+  CHECK(*r.prompt_ids == std::vector<TokenId>({1, 2, 3}));
+  CHECK(r.turns.empty());
+  CHECK(*ids("[[4, 5]]").prompt_ids == std::vector<TokenId>({4, 5}));
+  CHECK(!ids(R"("text")").prompt_ids);
+  const auto bad = ErrorKind::kInvalidArgument;
+  for (const char* p : {"[1, -2]", "[1, 2.5]", "[1, \"a\"]", "[2147483648]", "[]", "[[1], [2]]"}) {
+    INFO(p);
+    refused([&] { ids(p); }, bad, "'prompt'");
+  }
+  refused(
+      [&] {
+        parse_completion_request(R"({"prompt": [1, 2], "promptcache": {"schema": "s"}})", false,
+                                 limits);
+      },
+      bad, "'prompt'");
+}

@@ -1046,6 +1046,76 @@ def budget_body_cases(suite):
 # Cases: protocol
 
 
+def logprobs_fields(srv):
+    """logprobs / top_logprobs / echo (issue 33): bad values are 400s naming the field; an
+    evaluation harness's scoring request (echo, max_tokens 0, logprobs) answers 200 in the
+    OpenAI shape; the server answers afterwards (run_case checks)."""
+    msgs = '[{"role": "user", "content": "hi"}]'
+    bad = [("/v1/completions", '{"prompt": "hi", "logprobs": 6}', "logprobs"),
+           ("/v1/completions", '{"prompt": "hi", "logprobs": -1}', "logprobs"),
+           ("/v1/completions", '{"prompt": "hi", "logprobs": 1e400}', "number"),
+           ("/v1/completions", '{"prompt": "hi", "logprobs": 18446744073709551616}', "logprobs"),
+           ("/v1/completions", '{"prompt": "hi", "logprobs": "5"}', "logprobs"),
+           ("/v1/completions", '{"prompt": "hi", "logprobs": [5]}', "logprobs"),
+           ("/v1/completions", '{"prompt": "hi", "echo": "yes"}', "echo"),
+           ("/v1/completions", '{"prompt": "hi", "echo": true, "stream": true}', "echo"),
+           ("/v1/completions", '{"prompt": "hi", "top_logprobs": 3}', "top_logprobs"),
+           ("/v1/completions", '{"prompt": [1, 2, 999999999], "echo": true}', "prompt"),
+           ("/v1/completions", '{"prompt": [1, -2], "echo": true}', "prompt"),
+           ("/v1/completions", '{"prompt": [1, 2.5], "echo": true}', "prompt"),
+           ("/v1/completions", '{"prompt": "hi", "echo": true, "promptcache": {"schema": "hgood"}}',
+            "echo"),
+           ("/v1/chat/completions", '{"messages": %s, "logprobs": 3}' % msgs, "logprobs"),
+           ("/v1/chat/completions", '{"messages": %s, "top_logprobs": 3}' % msgs, "top_logprobs"),
+           ("/v1/chat/completions", '{"messages": %s, "logprobs": true, "top_logprobs": 21}' % msgs,
+            "top_logprobs"),
+           ("/v1/chat/completions",
+            '{"messages": %s, "logprobs": true, "top_logprobs": 99999999999999999999}' % msgs,
+            "top_logprobs"),
+           ("/v1/chat/completions", '{"messages": %s, "echo": true}' % msgs, "echo")]
+    fails = []
+    for path, body, word in bad:
+        try:
+            expect_error(srv.post_json(path, body, timeout=30), status=400, words=[word])
+        except CaseFailure as e:
+            fails.append("%s %s: %s" % (path, short(body.encode(), 80), e))
+    check(not fails, "; ".join(fails))
+    # The harness's request: context + continuation as the prompt, the continuation's
+    # token_logprobs read back.
+    j = expect_ok(srv.post_json("/v1/completions",
+                                '{"prompt": "The quick brown fox jumps", "max_tokens": 0, '
+                                '"echo": true, "logprobs": 5, "temperature": 0}', timeout=60),
+                  "echo scoring")
+    lp = j["choices"][0]["logprobs"]
+    n = j["usage"]["prompt_tokens"]
+    check(isinstance(lp, dict) and all(len(lp[k]) == n for k in
+                                       ("tokens", "token_logprobs", "top_logprobs", "text_offset")),
+          "logprobs lists are not one per prompt token: %s" % short(json.dumps(j).encode()))
+    check(lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None,
+          "the first prompt token has a logprob")
+    check(all(isinstance(v, float) and v <= 0 for v in lp["token_logprobs"][1:]),
+          "token_logprobs are not log-probabilities: %s" % lp["token_logprobs"])
+    check(all(isinstance(t, dict) and 1 <= len(t) <= 5 for t in lp["top_logprobs"][1:]),
+          "top_logprobs are not maps of at most 5: %s" % short(json.dumps(lp).encode()))
+    check(j["choices"][0]["text"] == "".join(lp["tokens"]), "echoed text is not its tokens")
+    # Generation with logprobs, streamed: one entry per generated token, in the chunks.
+    st, _, body = srv.post_json("/v1/chat/completions",
+                                '{"messages": %s, "max_tokens": 3, "stream": true, '
+                                '"logprobs": true, "top_logprobs": 20}' % msgs, timeout=60)
+    check(st == 200, "streamed chat with logprobs: %s %s" % (st, short(body)))
+    entries = 0
+    for line in body.decode("utf-8", "replace").split("\n"):
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        ev = json.loads(line[6:])
+        for c in ev.get("choices", []):
+            if c.get("logprobs"):
+                for t in c["logprobs"]["content"]:
+                    check(len(t["top_logprobs"]) == 20, "top_logprobs not 20 long")
+                    entries += 1
+    check(1 <= entries <= 3, "%d streamed logprob entries for at most 3 tokens" % entries)
+
+
 def good_client_answers(srv, within=5.0):
     """A good client is answered while something else holds the server: (ok, why)."""
     t0 = time.monotonic()
@@ -1740,6 +1810,8 @@ def main(argv):
             suite.run_case(name, P, fn)
         for name, fn in budget_body_cases(suite):
             suite.run_case(name, B, fn)
+
+        suite.run_case("logprobs_echo_fields", P, logprobs_fields)
 
         # protocol
         suite.run_case("slow_loris_8", P, slow_loris(8, 8))
