@@ -39,9 +39,13 @@ inline std::string docs_prompt(int i) {
 
 // The tiny model with a context of 32768 positions: generations long enough (tens of thousands
 // of tokens) that a test can be sure to disconnect before one ends, on any device.
-inline std::unique_ptr<Engine> long_context_engine() {
+// endless: no EOS id, so a generation runs to its max_new_tokens and only its client going away
+// (or the server stopping) ends it sooner; the random model's greedy text may reach EOS after a
+// few thousand tokens, and how soon depends on last-bit differences between batch layouts.
+inline std::unique_ptr<Engine> long_context_engine(bool endless = false) {
   ModelConfig c = tiny_config();
   c.max_position_embeddings = 32768;
+  if (endless) c.eos_token_ids.clear();
   EngineOptions options;
   options.chat_template = "llama-2";
   return std::make_unique<Engine>(

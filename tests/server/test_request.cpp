@@ -1,7 +1,7 @@
 // The server's edge (request.hpp): bodies become typed requests or a clear 4xx Error, whatever
 // their size, depth or numbers; nothing downstream sees an unchecked value.
 #include "request.hpp"
-#include "support/catch.hpp"
+#include "support/catch_torch.hpp"  // views.hpp brings LibTorch (and glog's CHECK)
 #include "views.hpp"
 
 using namespace promptcache;
