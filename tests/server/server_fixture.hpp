@@ -2,7 +2,11 @@
 // and the client calls the server tests make (cpp-httplib's client).
 #pragma once
 
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 
 #include <nlohmann/json.hpp>
 #include <string>
@@ -141,6 +145,21 @@ inline std::vector<nlohmann::json> post_schema(const TestServer& s, const std::s
 }
 
 // A value of a metrics line ("name{labels} value"), or -1 when absent.
+// A raw TCP connection to the server (a receive timeout of 20 s), for clients httplib cannot
+// play: half-sent requests, clients that hang up at a chosen byte. The caller closes it.
+inline int connect_loopback(const TestServer& s) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  timeval tv{20, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(s.port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  return fd;
+}
+
 inline double metric(const TestServer& s, const std::string& series) {
   auto res = s.client().Get("/metrics");
   REQUIRE(res);

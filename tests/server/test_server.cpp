@@ -1,7 +1,5 @@
 // `promptcache serve` over HTTP: every endpoint, streaming, batching of concurrent clients,
 // errors, client disconnects and the API key. Each test starts its own server on a free port.
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -367,15 +365,7 @@ TEST_CASE("serve: 16 plain OpenAI clients and 8 module clients join one running 
 // a client that is certain to have gone away (an httplib client that cancels may keep its socket
 // a while). Returns whether that byte arrived within 20 s.
 bool post_then_hang_up(const TestServer& s, const std::string& path, const std::string& body) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  timeval tv{20, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(s.port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  const int fd = connect_loopback(s);
   const std::string request =
       "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1:" + std::to_string(s.port) +
       "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +

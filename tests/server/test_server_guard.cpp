@@ -43,15 +43,7 @@ std::string own_origin(const TestServer& s) {
 // `later` on the same connection, as a slow client's body arrives after its headers were read.
 std::string raw_exchange(const TestServer& s, const std::string& raw,
                          const std::string& later = "") {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  timeval tv{20, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(s.port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  const int fd = connect_loopback(s);
   const auto send_all = [fd](const std::string& data) {
     std::size_t sent = 0;
     while (sent < data.size()) {
