@@ -150,7 +150,7 @@ std::vector<pml::ModuleRef> to_refs(const py::handle& list, int depth) {
 }
 
 SamplingParams sampling(int max_new_tokens, double temperature, const py::object& stop, int top_k,
-                        double top_p, double repetition_penalty, uint64_t seed) {
+                        double top_p, double repetition_penalty, uint64_t seed, bool ignore_eos) {
   SamplingParams p;
   p.max_new_tokens = max_new_tokens;
   p.temperature = static_cast<float>(temperature);
@@ -158,6 +158,7 @@ SamplingParams sampling(int max_new_tokens, double temperature, const py::object
   p.top_p = static_cast<float>(top_p);
   p.repetition_penalty = static_cast<float>(repetition_penalty);
   p.seed = seed;
+  p.stop_at_eos = !ignore_eos;
   if (!stop.is_none()) {
     if (py::isinstance<py::str>(stop)) {
       p.stop_strings.push_back(stop.cast<std::string>());
@@ -590,7 +591,8 @@ Equal to <prompt schema="trip"><city/><guide name="Anna"/> What should I pack?</
 
   py::class_<SamplingParams>(m, "_Sampling")
       .def(py::init(&sampling), py::arg("max_new_tokens"), py::arg("temperature"), py::arg("stop"),
-           py::arg("top_k"), py::arg("top_p"), py::arg("repetition_penalty"), py::arg("seed"));
+           py::arg("top_k"), py::arg("top_p"), py::arg("repetition_penalty"), py::arg("seed"),
+           py::arg("ignore_eos"));
 
   py::class_<Generation>(m, "Generation", "What Engine.generate gave for one prompt.")
       .def_readonly("text", &Generation::text, "the generated text (stop string removed)")

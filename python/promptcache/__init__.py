@@ -34,9 +34,10 @@ __all__ = ["Engine", "Prompt", "Generation", "Score", "EvalRun", "Error", "Schem
 __version__ = "0.1.0"
 
 
-def _sampling(max_new_tokens, temperature, stop, top_k, top_p, repetition_penalty, seed):
+def _sampling(max_new_tokens, temperature, stop, top_k, top_p, repetition_penalty, seed,
+              ignore_eos=False):
     return _Sampling(int(max_new_tokens), float(temperature), stop, int(top_k), float(top_p),
-                     float(repetition_penalty), int(seed))
+                     float(repetition_penalty), int(seed), bool(ignore_eos))
 
 
 class Engine:
@@ -86,25 +87,28 @@ class Engine:
         return self._engine.add_schema(schema)
 
     def generate(self, prompt, max_new_tokens=32, temperature=0.0, stop=None, no_cache=False, *,
-                 top_k=0, top_p=1.0, repetition_penalty=1.0, seed=0):
+                 top_k=0, top_p=1.0, repetition_penalty=1.0, seed=0, ignore_eos=False):
         """Generates after a prompt; returns a Generation.
 
         prompt: PML text ('<prompt schema="s"><inst/> Question ...</prompt>') or a Prompt.
         The modules it names come from the store and only its own tokens run; no_cache=True runs
         the same tokens as one ordinary prefill (the baseline). temperature 0 is greedy. stop: a
         string or a list of strings that end the text (left out of it). Ctrl-C stops it between
-        tokens with KeyboardInterrupt; the engine stays usable.
+        tokens with KeyboardInterrupt; the engine stays usable. top_k, top_p,
+        repetition_penalty and seed as in `promptcache run`; ignore_eos=True generates past the
+        model's end-of-sequence tokens (benchmarks).
         """
         params = _sampling(max_new_tokens, temperature, stop, top_k, top_p, repetition_penalty,
-                           seed)
+                           seed, ignore_eos)
         return self._engine.generate(prompt, params, bool(no_cache))
 
     def generate_batch(self, prompts, max_new_tokens=32, temperature=0.0, stop=None,
-                       no_cache=False, *, top_k=0, top_p=1.0, repetition_penalty=1.0, seed=0):
+                       no_cache=False, *, top_k=0, top_p=1.0, repetition_penalty=1.0, seed=0,
+                       ignore_eos=False):
         """Several prompts (any schemas and module selections) as one batch; a list of
         Generation, entry i what generate(prompts[i], ...) gives alone."""
         params = _sampling(max_new_tokens, temperature, stop, top_k, top_p, repetition_penalty,
-                           seed)
+                           seed, ignore_eos)
         return self._engine.generate_batch(list(prompts), params, bool(no_cache))
 
     def score(self, prompt, choices, no_cache=False):
@@ -295,6 +299,8 @@ class EvalRun:
 
     @property
     def summary(self):
+        """The summary of docs/eval.md (rows, resumed, failed, answered, correct, accuracy,
+        prompt_tokens, cached_tokens, ...): final once the iterator is exhausted."""
         return _json.loads(self._run.summary())
 
     def __repr__(self):
