@@ -106,7 +106,7 @@ class InterruptPoll {
 
  private:
   bool hit_ = false;
-  double last_ = 0;
+  double last_ = now_ms();  // the first poll after 20 ms: a short call never takes the GIL
 };
 
 // The pml::Prompt of a Python prompt: PML text, or a Prompt object.
@@ -507,6 +507,19 @@ class PyEvaluation {
   double start_ = 0;
 };
 
+// Milliseconds of each of `calls` runs of `work`, with the GIL released (bench_python.py).
+template <typename F>
+std::vector<double> time_calls(int calls, F&& work) {
+  std::vector<double> ms;
+  py::gil_scoped_release nogil;
+  for (int i = 0; i < calls; ++i) {
+    const double start = now_ms();
+    work();
+    ms.push_back(now_ms() - start);
+  }
+  return ms;
+}
+
 PyObject* make_exception(const char* name, const char* doc, py::tuple bases, py::module_& m) {
   PyObject* cls = PyErr_NewExceptionWithDoc(name, doc, bases.ptr(), nullptr);
   if (cls == nullptr) throw py::error_already_set();
@@ -658,6 +671,26 @@ Equal to <prompt schema="trip"><city/><guide name="Anna"/> What should I pack?</
       .def_property_readonly("rows_read", &PyEvaluation::rows_read)
       .def_property_readonly("stopped", &PyEvaluation::stopped)
       .def("summary", &PyEvaluation::summary);
+
+  // benchmarks/bench_python.py: the C++ calls the Python layer is measured against, in the same
+  // process (ms per call, the GIL released, the prompt parsed in each call as from Python).
+  m.def(
+      "_time_cpp_generate",
+      [](PyEngine& e, const std::string& xml, const SamplingParams& params, int calls) {
+        return time_calls(calls, [&] { e.engine().generate_xml(xml, params); });
+      },
+      py::arg("engine"), py::arg("xml"), py::arg("params"), py::arg("calls"));
+  m.def(
+      "_time_cpp_score",
+      [](PyEngine& e, const std::string& xml, const std::vector<std::string>& choices, int calls) {
+        return time_calls(calls, [&] {
+          const pml::Prompt p = pml::parse_prompt_string(xml);
+          std::vector<std::vector<TokenId>> conts;
+          for (const auto& c : choices) conts.push_back(e.engine().encode_continuation(c));
+          e.engine().score(p, conts);
+        });
+      },
+      py::arg("engine"), py::arg("xml"), py::arg("choices"), py::arg("calls"));
 
   m.def(
       "count_rows",
