@@ -255,19 +255,28 @@ class PyEngine {
     namespace fs = std::filesystem;
     const auto first = schema.find_first_not_of(" \t\r\n");
     const bool xml = first != std::string::npos && schema[first] == '<';
-    py::gil_scoped_release nogil;
-    pml::Schema parsed =
-        xml ? pml::parse_schema_string(schema, "<string>") : pml::parse_schema_file(schema);
-    std::string file;
-    if (!cache_dir_.empty()) {
-      std::error_code ec;
-      fs::create_directories(cache_dir_, ec);
-      file = (fs::path(cache_dir_) / cache_file_name(engine_->layout_only(parsed), engine_->model(),
-                                                     engine_->options().encoding))
-                 .string();
+    InterruptPoll poll;  // Ctrl-C stops a long compile (the engine keeps what it had)
+    std::string name;
+    try {
+      py::gil_scoped_release nogil;
+      pml::Schema parsed =
+          xml ? pml::parse_schema_string(schema, "<string>") : pml::parse_schema_file(schema);
+      std::string file;
+      if (!cache_dir_.empty()) {
+        std::error_code ec;
+        fs::create_directories(cache_dir_, ec);
+        file =
+            (fs::path(cache_dir_) / cache_file_name(engine_->layout_only(parsed), engine_->model(),
+                                                    engine_->options().encoding))
+                .string();
+      }
+      engine_->add_schema(parsed, {}, file, Engine::StatesPolicy::kReuse, [&] { return poll(); });
+      name = parsed.name;
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::kCancelled || !poll.hit()) throw;
     }
-    engine_->add_schema(parsed, {}, file);
-    return parsed.name;
+    if (poll.hit()) throw py::error_already_set();  // the KeyboardInterrupt the poll raised
+    return name;
   }
 
   Generation generate(const py::object& prompt, const SamplingParams& params, bool no_cache) {
@@ -676,10 +685,15 @@ Equal to <prompt schema="trip"><city/><guide name="Anna"/> What should I pack?</
   // process (ms per call, the GIL released, the prompt parsed in each call as from Python).
   m.def(
       "_time_cpp_generate",
-      [](PyEngine& e, const std::string& xml, const SamplingParams& params, int calls) {
-        return time_calls(calls, [&] { e.engine().generate_xml(xml, params); });
+      [](PyEngine& e, const std::string& xml, const SamplingParams& params, int calls,
+         bool callback) {
+        // callback: a token callback as trivial as the module's interrupt poll between polls
+        TokenCallback on_token;
+        if (callback) on_token = [](TokenId, const std::string&) { return true; };
+        return time_calls(calls, [&] { e.engine().generate_xml(xml, params, on_token); });
       },
-      py::arg("engine"), py::arg("xml"), py::arg("params"), py::arg("calls"));
+      py::arg("engine"), py::arg("xml"), py::arg("params"), py::arg("calls"),
+      py::arg("callback") = false);
   m.def(
       "_time_cpp_score",
       [](PyEngine& e, const std::string& xml, const std::vector<std::string>& choices, int calls) {

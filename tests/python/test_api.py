@@ -113,3 +113,36 @@ def test_stub_names_the_public_api():
                    "tokenize", "layout", "eval"):
         assert method in classes["Engine"] and callable(getattr(pc.Engine, method))
     assert (pathlib.Path(pc.__file__).with_name("py.typed")).exists()
+
+
+def test_cache_dir_keeps_compiled_states(models, tmp_path):
+    schema = ('<schema name="c"><module name="a">The river runs past the old mill where the '
+              'baker sells bread.</module></schema>')
+    prompt = '<prompt schema="c"><a/> Where is the mill?</prompt>'
+    first = pc.Engine(models("tiny"), weights="f32", cache_dir=tmp_path / "states")
+    first.add_schema(schema)
+    files = list((tmp_path / "states").iterdir())
+    assert len(files) == 1 and files[0].stat().st_size > 0
+    mtime = files[0].stat().st_mtime_ns
+    second = pc.Engine(models("tiny"), weights="f32", cache_dir=tmp_path / "states")
+    second.add_schema(schema)  # loaded from the file, not compiled and saved again
+    assert files[0].stat().st_mtime_ns == mtime
+    assert first.score(prompt, [" by the river"]).logprobs == \
+        second.score(prompt, [" by the river"]).logprobs
+
+
+def test_ctrl_c_in_a_long_compile(models):
+    eng = pc.Engine(models("bench-small"))
+    words = "the river runs past the old mill where the baker sells bread every morning "
+    schema = '<schema name="long"><module name="doc">%s</module></schema>' % (words * 150)
+    timer = threading.Timer(0.3, _thread.interrupt_main)
+    start = time.monotonic()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        eng.add_schema(schema)
+        time.sleep(30)  # the compile ended before the interrupt: fail, not pass
+    assert time.monotonic() - start < 5.0
+    with pytest.raises(pc.SchemaError):  # left as it was: the schema is not loaded
+        eng.layout("long")
+    eng.add_schema('<schema name="short"><module name="a">Hello.</module></schema>')
+    assert eng.layout("short")[0]["name"] == "a"
