@@ -79,9 +79,10 @@ def test_ctrl_c_in_generate_is_prompt_and_leaves_the_engine_usable(models):
     timer = threading.Timer(0.5, _thread.interrupt_main)
     start = time.monotonic()
     timer.start()
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt) as info:
         eng.generate(p, max_new_tokens=1500, ignore_eos=True)
         time.sleep(30)  # the generation ended before the interrupt: fail, not pass
+    assert info.traceback[-1].name == "generate"  # from inside the call, between tokens
     assert time.monotonic() - start < 2.0
     after = eng.generate(p, max_new_tokens=8, ignore_eos=True)
     assert after.token_ids == before.token_ids
@@ -138,9 +139,10 @@ def test_ctrl_c_in_a_long_compile(models):
     timer = threading.Timer(0.3, _thread.interrupt_main)
     start = time.monotonic()
     timer.start()
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt) as info:
         eng.add_schema(schema)
         time.sleep(30)  # the compile ended before the interrupt: fail, not pass
+    assert info.traceback[-1].name == "add_schema"  # from inside the compile
     assert time.monotonic() - start < 5.0
     with pytest.raises(pc.SchemaError):  # left as it was: the schema is not loaded
         eng.layout("long")
