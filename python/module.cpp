@@ -421,23 +421,8 @@ class PyEvaluation {
   py::list next_events() {
     std::vector<eval::Evaluation::Event> events;
     run_guarded([&] {
-      std::string line;
-      bool too_long = false;
-      while (events.empty() && !finished_) {
-        if (run_->stopped() || !reader_->next(line, too_long)) {
-          finish();
-        } else {
-          ++number_;
-          if (!too_long && eval::blank(line)) continue;
-          if (limit_ > 0 && rows_read_ >= limit_) {
-            finish();
-          } else {
-            ++rows_read_;
-            run_->add_line(line, number_, too_long);
-          }
-        }
-        events = run_->take_events();
-      }
+      run_->read_some(*reader_, limit_);
+      events = run_->take_events();
     });
     return to_list(events);
   }
@@ -446,9 +431,8 @@ class PyEvaluation {
   py::list add(const std::string& text) {
     std::vector<eval::Evaluation::Event> events;
     run_guarded([&] {
-      ++number_;
       ++rows_read_;
-      run_->add_line(text, number_, text.size() > eval::kMaxLineBytes);
+      run_->add_line(text, rows_read_, text.size() > eval::kMaxLineBytes);
       events = run_->take_events();
     });
     return to_list(events);
@@ -463,15 +447,12 @@ class PyEvaluation {
     return to_list(events);
   }
 
-  std::size_t rows_read() const { return rows_read_; }
+  std::size_t rows_read() const { return reader_ ? run_->rows_read() : rows_read_; }
   bool stopped() const { return run_->stopped(); }
   std::string summary() const { return run_->summary((now_ms() - start_) / 1e3).dump(); }
 
  private:
-  void finish() {
-    if (!finished_) run_->flush();
-    finished_ = true;
-  }
+  void finish() { run_->flush(); }
 
   template <typename F>
   void run_guarded(F&& work) {
@@ -511,8 +492,7 @@ class PyEvaluation {
   std::optional<std::ifstream> in_;
   std::optional<eval::LineReader> reader_;
   std::vector<std::string> warnings_;
-  std::size_t number_ = 0, rows_read_ = 0, limit_ = 0;
-  bool finished_ = false;
+  std::size_t rows_read_ = 0, limit_ = 0;  // rows_read_: add()'s
   double start_ = 0;
 };
 

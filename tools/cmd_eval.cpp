@@ -182,7 +182,7 @@ Command register_eval(CLI::App& root) {
         Progress progress(eval::count_rows(o->data, o->limit));
         std::vector<Checked> sample;  // --check: a reservoir of rows
         std::mt19937_64 rng(1234);
-        std::size_t eligible = 0, rows_read = 0;
+        std::size_t eligible = 0;
         const double start = now_ms();
         auto drain = [&] {
           for (auto& e : run.take_events()) {
@@ -201,21 +201,12 @@ Command register_eval(CLI::App& root) {
           }
         };
         eval::LineReader reader(in);
-        std::string line;
-        bool too_long = false;
-        std::size_t number = 0;
-        while (!run.stopped() && reader.next(line, too_long)) {
-          ++number;
-          if (!too_long && eval::blank(line)) continue;
-          if (o->limit > 0 && rows_read >= o->limit) break;
-          ++rows_read;
-          run.add_line(line, number, too_long);
+        while (run.read_some(reader, o->limit)) {
           drain();
-          progress.update(rows_read);
+          progress.update(run.rows_read());
         }
-        run.flush();
         drain();
-        progress.update(rows_read, true);
+        progress.update(run.rows_read(), true);
         const double wall_s = (now_ms() - start) / 1e3;
 
         nlohmann::ordered_json summary = run.summary(wall_s);

@@ -150,6 +150,13 @@ class Evaluation {
   // row, skipping it when its id is in the results file; runs the batch when it is full. Blank
   // lines are ignored. Nothing happens once stopped().
   void add_line(const std::string& text, std::size_t number, bool too_long = false);
+  // Reads lines from `reader` (numbered from 1 across calls) and adds them until something
+  // happened (a batch ran, a line failed) or the input ended, at most `limit` rows in all (blank
+  // lines do not count; 0: no limit); at the end, runs the queued rows. False once everything
+  // is read and run.
+  bool read_some(LineReader& reader, std::size_t limit = 0);
+  // The rows read_some has read (bad ones included).
+  std::size_t rows_read() const { return rows_read_; }
   // Runs the queued rows.
   void flush();
   // Strict and a bad line was seen.
@@ -174,7 +181,8 @@ class Evaluation {
   std::map<std::string, std::size_t> seen_;  // id key -> its line, this run
   std::set<std::string> unknown_seen_;
   std::vector<Event> events_;
-  bool stopped_ = false;
+  std::size_t lines_read_ = 0, rows_read_ = 0;  // read_some's
+  bool stopped_ = false, input_done_ = false;
 };
 
 }  // namespace promptcache::eval

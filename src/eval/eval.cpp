@@ -431,6 +431,24 @@ void Evaluation::add_line(const std::string& text, std::size_t number, bool too_
   if (pending_.size() >= options_.batch) flush();
 }
 
+bool Evaluation::read_some(LineReader& reader, std::size_t limit) {
+  if (input_done_) return false;
+  std::string line;
+  bool too_long = false;
+  while (events_.empty()) {
+    if (stopped_ || (limit > 0 && rows_read_ >= limit) || !reader.next(line, too_long)) {
+      flush();
+      input_done_ = true;
+      return !events_.empty();
+    }
+    ++lines_read_;
+    if (!too_long && blank(line)) continue;
+    ++rows_read_;
+    add_line(line, lines_read_, too_long);
+  }
+  return true;
+}
+
 void Evaluation::flush() {
   if (pending_.empty()) return;
   std::vector<std::string> errors;
