@@ -91,9 +91,10 @@ def test_interrupted_eval_resumes_each_id_once(models, tmp_path):
                              for i in range(24)))
     out = tmp_path / "r.jsonl"
     seen = []
-    interrupt_after(1.5)
     with pytest.raises(KeyboardInterrupt) as info:
         for row in eng.eval(data, schema="q", out=out, batch=4, progress=False):
+            if not seen:  # Ctrl-C while the second batch generates
+                interrupt_after(0.2)
             seen.append(row["id"])
         time.sleep(30)  # the run ended before the interrupt: it must not pass silently
     # Raised from inside the engine's batch (its token callback polled the signal), not later.
