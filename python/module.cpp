@@ -80,9 +80,12 @@ void raise_error(const Error& e, PyObject* type) {
   PyErr_SetObject(type, exc.ptr());
 }
 
-// Error -> the Python class for its kind (ModelError for everything Engine() fails with).
+// Error -> the Python class for its kind. While Engine() opens the model, a file that cannot be
+// read is the model's too (ModelError).
 void translate(const Error& e, bool opening_model) {
-  if (opening_model || is_model_kind(e.kind())) return raise_error(e, g_model_error);
+  if (is_model_kind(e.kind()) || (opening_model && e.kind() == ErrorKind::kIo)) {
+    return raise_error(e, g_model_error);
+  }
   if (is_schema_kind(e.kind())) return raise_error(e, g_schema_error);
   raise_error(e, g_error);
 }

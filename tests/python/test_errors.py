@@ -71,3 +71,12 @@ def test_other_errors_are_promptcache_errors(stories):
         stories.generate(42)
     with pytest.raises(TypeError):
         stories.score('<prompt schema="stories"> x</prompt>', "yes")
+
+
+def test_bad_engine_arguments_are_not_model_errors(models):
+    with pytest.raises(pc.Error) as info:
+        pc.Engine(models("tiny"), device="gpu")
+    assert not isinstance(info.value, pc.ModelError) and info.value.kind == "invalid argument"
+    with pytest.raises(pc.Error) as info:
+        pc.Engine(models("tiny"), weights="f7")
+    assert not isinstance(info.value, pc.ModelError)
