@@ -17,6 +17,7 @@
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <pythread.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -25,7 +26,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "promptcache/engine.hpp"
@@ -45,7 +45,8 @@ namespace {
 PyObject* g_error = nullptr;
 PyObject* g_schema_error = nullptr;
 PyObject* g_model_error = nullptr;
-std::thread::id g_main_thread;
+// Python's main thread (the one its signal handlers run in), whichever thread imported us.
+unsigned long g_main_thread = 0;
 
 bool is_schema_kind(ErrorKind k) {
   switch (k) {
@@ -97,7 +98,7 @@ class InterruptPoll {
  public:
   bool operator()() {
     if (hit_) return true;
-    if (std::this_thread::get_id() != g_main_thread) return false;
+    if (PyThread_get_thread_ident() != g_main_thread) return false;  // no GIL needed
     const double now = now_ms();
     if (now - last_ < 20) return false;
     last_ = now;
@@ -524,7 +525,8 @@ PyObject* make_exception(const char* name, const char* doc, py::tuple bases, py:
 
 PYBIND11_MODULE(_promptcache, m) {
   m.doc() = "promptcache's C++ engine (use the promptcache package, which re-exports it)";
-  g_main_thread = std::this_thread::get_id();
+  g_main_thread =
+      py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
 
   g_error = make_exception(
       "promptcache.Error",
