@@ -148,3 +148,29 @@ def test_ctrl_c_in_a_long_compile(models):
         eng.layout("long")
     eng.add_schema('<schema name="short"><module name="a">Hello.</module></schema>')
     assert eng.layout("short")[0]["name"] == "a"
+
+
+def test_ctrl_c_when_imported_from_another_thread(models):
+    """Signals are Python's main thread's, whichever thread imported the module."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import _thread, threading, sys\n"
+        "t = threading.Thread(target=lambda: __import__('promptcache')); t.start(); t.join()\n"
+        "import promptcache as pc\n"
+        "eng = pc.Engine(sys.argv[1])\n"
+        "eng.add_schema('<schema name=\"s\"><module name=\"a\">Hi.</module></schema>')\n"
+        "threading.Timer(0.3, _thread.interrupt_main).start()\n"
+        "try:\n"
+        "    eng.generate('<prompt schema=\"s\"><a/> x</prompt>', max_new_tokens=1500,\n"
+        "                 ignore_eos=True)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted')\n")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.dirname(os.path.dirname(pc.__file__)), env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-c", code, str(models("bench-small"))],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.stdout.strip() == "interrupted", r.stdout + r.stderr
