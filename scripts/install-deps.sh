@@ -10,7 +10,10 @@
 # (the CLI tests' checks); redis-server (the Redis tier's tests); chromium (the playground test
 # in tests/server, which also needs node and npm, not installed here); clang-14, its runtime
 # libraries (libFuzzer, the sanitizers) and llvm-14 (llvm-symbolizer, for readable reports) for
-# CI's fuzz pass (scripts/fuzz.sh ci).
+# CI's fuzz pass (scripts/fuzz.sh ci); pybind11-dev, python3-dev, python3-torch and
+# python3-pytest for the Python module and its suite (tests/python, docs/python.md). Debian's
+# python3-torch must be the PyTorch release of libtorch-dev (the module hands tensors to it, and
+# both load the same libtorch_cpu.so): checked at the end.
 set -euo pipefail
 tests=0
 case "${1:-}" in
@@ -24,7 +27,8 @@ build=(build-essential cmake pkg-config ccache libtorch-dev libopenblas0-pthread
        libfmt-dev nlohmann-json3-dev libcli11-dev libpcre2-dev libutf8proc-dev libxxhash-dev
        libssl-dev libcpp-httplib-dev libhiredis-dev)
 test_pkgs=(catch2 libsentencepiece-dev sentencepiece python3 redis-server chromium
-           clang-14 libclang-rt-14-dev llvm-14)
+           clang-14 libclang-rt-14-dev llvm-14 pybind11-dev python3-dev python3-torch
+           python3-pytest python3-venv)
 pkgs=("${build[@]}")
 apt_flags=(--no-install-recommends)
 if ((tests)); then
@@ -40,4 +44,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "install-deps: installing ${missing[*]}"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${apt_flags[@]}" "${missing[@]}"
+fi
+if ((tests)); then
+  torch_py=$(dpkg-query -W -f='${Version}' python3-torch)
+  torch_c=$(dpkg-query -W -f='${Version}' libtorch-dev)
+  if [ "$torch_py" != "$torch_c" ]; then
+    echo "install-deps: python3-torch $torch_py is not libtorch-dev's release ($torch_c): the Python" \
+         "module would load two PyTorch builds; install matching versions" >&2
+    exit 1
+  fi
 fi

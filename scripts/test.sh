@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs dependencies (the tests' too), builds, and runs the whole test suite with CTest; then the checks CI adds
+# Installs dependencies (the tests' too), builds, and runs the whole test suite with CTest and the
+# Python suite with pytest (tests/python); then the checks CI adds
 # (docs/reliability.md, "Sanitizers"; docs/fuzzing.md, "In CI"), each in its own build folder:
 #   1. ASan + UBSan: the library and the fast suite, the server's tests among them, in build-asan
 #      (scripts/sanitize.sh asan)
@@ -18,6 +19,12 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh --tests
 scripts/build.sh
 ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j2
+# The Python suite (tests/python, docs/python.md) against the module in the build tree, with
+# Debian's python3 (the one python3-torch is for, whatever python3 comes first on the PATH).
+python=/usr/bin/python3
+[ -x "$python" ] || python=python3
+PYTHONPATH="${BUILD_DIR:-build}/python" PROMPTCACHE_CLI="${BUILD_DIR:-build}/promptcache" \
+  "$python" -m pytest -q tests/python
 failed=()
 if [[ ${PROMPTCACHE_ASAN:-1} == 1 ]]; then
   BUILD_DIR=build-asan scripts/sanitize.sh asan || failed+=(asan)
