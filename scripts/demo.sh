@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what building and running need (not what the tests add), builds the `promptcache` CLI
-# alone (no tests, benchmarks or examples), and runs `promptcache demo`: a story on the real
+# alone (no tests, benchmarks, examples or server), and runs `promptcache demo`: a story on the real
 # stories260K model (models/stories260K) answered with and without the prompt cache, then TTFT
 # on a synthetic bench-small model in bf16 (docs/demo.md). Extra arguments go to
 # `promptcache demo` (e.g. --model DIR).
@@ -14,8 +14,10 @@ echo "demo.sh: building the promptcache CLI (first time: a few minutes; progress
 build=${BUILD_DIR:-build}
 mkdir -p "$build"
 log=$build/demo-build.log
+# No server either: the demo does not serve (scripts/build.sh builds it, and `serve` says so).
 if ! BUILD_TARGETS=promptcache_cli scripts/build.sh -DPROMPTCACHE_BUILD_TESTS=OFF \
-  -DPROMPTCACHE_BUILD_BENCHMARKS=OFF -DPROMPTCACHE_BUILD_EXAMPLES=OFF 2>"$log" \
+  -DPROMPTCACHE_BUILD_BENCHMARKS=OFF -DPROMPTCACHE_BUILD_EXAMPLES=OFF \
+  -DPROMPTCACHE_BUILD_SERVER=OFF 2>"$log" \
   | { grep --line-buffered -E '^\[ *[0-9]+%\]' || true; } | sed -u 's/^/  /'; then
   cat "$log" >&2
   echo "demo.sh: the build failed (its messages are above and in $log)" >&2

@@ -172,8 +172,9 @@ Command register_serve(CLI::App& root) {
             return 0;
 #else
             throw UsageError(
-                "this build has no server: cpp-httplib was not found when it was configured "
-                "(Debian: libcpp-httplib-dev; scripts/install-deps.sh), so `serve` is missing");
+                "this build has no server: it was configured with -DPROMPTCACHE_BUILD_SERVER=OFF "
+                "(scripts/demo.sh does, to build faster) or without cpp-httplib (Debian: "
+                "libcpp-httplib-dev). scripts/build.sh builds everything, `serve` included");
 #endif
           }};
 }

@@ -37,6 +37,7 @@
 #include "promptcache/cache/span_store.hpp"
 #include "promptcache/cache/store.hpp"
 #include "promptcache/generation.hpp"
+#include "promptcache/logprobs.hpp"
 #include "promptcache/model/llama.hpp"
 #include "promptcache/model/tokenizer.hpp"
 #include "promptcache/pml/layout.hpp"
@@ -114,6 +115,18 @@ struct ContinuationScore {
   std::vector<double> logprob_per_token;
   double logprob = 0;  // their sum
   bool greedy = true;  // every token was the model's argmax (lm-eval's is_greedy)
+  // Each token's entry with its likeliest alternatives: only when they were asked for
+  // (Engine::sequence_logprobs); empty otherwise.
+  std::vector<TokenLogprob> detail;
+};
+
+// Engine::sequence_logprobs: every token of a plain token sequence after the first, with its
+// log-probability given the tokens before it (entry i is token i + 1's, as prompt_logprobs).
+struct SequenceLogprobs {
+  std::vector<TokenLogprob> tokens;
+  std::string schema;         // the registered schema whose stored states were reused ("": none)
+  int64_t cached_tokens = 0;  // the sequence's first tokens read from that schema's states
+  int64_t fresh_tokens = 0;   // tokens run through the model for this call
 };
 
 struct ScoreResponse {
@@ -232,6 +245,19 @@ class Engine {
       const std::vector<std::vector<std::vector<TokenId>>>& continuations,
       const RequestOptions& request = {});
 
+  // The log-probability of every token of `ids` after the first, with `top` (0..kMaxTopLogprobs)
+  // likeliest alternatives each — what prompt_logprobs computes with an ordinary forward at
+  // positions 0..n-1, and equal to it within rounding (contract 2) — but when use_cache and the
+  // sequence begins with a registered schema's stored spans (pml::match_prefix: the longest exact
+  // run of any schema, leaving at least one token fresh), those tokens are read from the store
+  // and only the rest runs. The matched part's own log-probabilities are computed once per schema
+  // version and prefix and kept for the next calls (a few recent prefixes). This is how an
+  // evaluation client that sends plain token ids (`echo` with `logprobs`) reuses a schema's
+  // instruction and few-shot examples. Error(kInvalidArgument) for an id outside the vocabulary
+  // or top out of range, Error(kContextOverflow) past the context.
+  SequenceLogprobs sequence_logprobs(const std::vector<TokenId>& ids, int top,
+                                     bool use_cache = true);
+
   // The prompt's KV cache and last-position logits without decoding (tests, benchmarks). The
   // prompt's schema as loaded now is used: resolve and prefill while it is not being replaced.
   struct Prefill {
@@ -311,7 +337,7 @@ class Engine {
   std::vector<ScoreResponse> score_rows(const std::vector<EntryPtr>& entries,
                                         const std::vector<pml::ResolvedPrompt>& resolved,
                                         const std::vector<std::vector<std::vector<TokenId>>>& conts,
-                                        const RequestOptions& request, bool alone);
+                                        const RequestOptions& request, bool alone, int top = -1);
 
   Prefill prefill_with(const SchemaEntry* entry, const pml::ResolvedPrompt& resolved,
                        KVCache& cache, bool use_cache, int64_t extra_capacity,
@@ -334,6 +360,11 @@ class Engine {
   std::mutex pool_mutex_;
   std::vector<std::unique_ptr<PooledBuffer>> free_buffers_;
   std::vector<std::unique_ptr<PooledBuffer>> free_batch_buffers_;
+  // sequence_logprobs's recent matched prefixes with their tokens' log-probabilities, most
+  // recent first (sequence_logprobs.cpp).
+  struct PrefixLogprobs;
+  std::mutex prefix_logprobs_mutex_;
+  std::vector<std::shared_ptr<const PrefixLogprobs>> prefix_logprobs_;
 };
 
 }  // namespace promptcache

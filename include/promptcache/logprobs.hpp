@@ -31,11 +31,18 @@ struct TokenLogprob {
 // beyond the result.
 TokenLogprob token_logprob(const float* logits, std::size_t n, TokenId chosen, int top);
 
+// Error(kInvalidArgument) for an id outside the model's vocabulary, Error(kContextOverflow) for
+// more ids than its context.
+void check_prompt_ids(const LlamaModel& model, const std::vector<TokenId>& ids);
+
 // The log-probability of every prompt token after the first (entry i is token i + 1's, given
 // tokens 0..i), from ordinary forwards at positions 0..n-1 without any cache reuse, run in chunks
 // of `chunk` tokens so that at most chunk x vocab logits exist at once. Error(kInvalidArgument)
 // for an id outside the vocabulary, kContextOverflow past the model's context.
+// With `next` given, the last token runs too and *next receives its float logits ([vocab]: what
+// the position after the whole sequence is predicted to hold; token_logprob reads them).
 std::vector<TokenLogprob> prompt_logprobs(const LlamaModel& model, const std::vector<TokenId>& ids,
-                                          int top, int64_t chunk = 128);
+                                          int top, int64_t chunk = 128,
+                                          std::vector<float>* next = nullptr);
 
 }  // namespace promptcache

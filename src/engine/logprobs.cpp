@@ -54,8 +54,7 @@ TokenLogprob token_logprob(const float* logits, std::size_t n, TokenId chosen, i
   return out;
 }
 
-std::vector<TokenLogprob> prompt_logprobs(const LlamaModel& model, const std::vector<TokenId>& ids,
-                                          int top, int64_t chunk) {
+void check_prompt_ids(const LlamaModel& model, const std::vector<TokenId>& ids) {
   const auto n = static_cast<int64_t>(ids.size());
   const int64_t vocab = model.config().vocab_size;
   const int64_t limit = model.config().max_position_embeddings;
@@ -71,16 +70,24 @@ std::vector<TokenLogprob> prompt_logprobs(const LlamaModel& model, const std::ve
                                                    std::to_string(vocab));
     }
   }
+}
+
+std::vector<TokenLogprob> prompt_logprobs(const LlamaModel& model, const std::vector<TokenId>& ids,
+                                          int top, int64_t chunk, std::vector<float>* next) {
+  check_prompt_ids(model, ids);
+  const auto n = static_cast<int64_t>(ids.size());
   std::vector<TokenLogprob> out;
-  if (n < 2) return out;
+  if (next != nullptr) next->clear();
+  // Without `next`, the last token's logits predict nothing in the prompt: it is not run.
+  const int64_t run = next != nullptr ? n : n - 1;
+  if (run < 1) return out;
   out.reserve(static_cast<std::size_t>(n - 1));
   chunk = std::max<int64_t>(chunk, 1);
-  // The last token's logits predict nothing in the prompt: it is not run.
-  KVCache cache = model.make_cache(n - 1);
+  KVCache cache = model.make_cache(run);
   ForwardOptions options;
   options.all_logits = true;
-  for (int64_t begin = 0; begin < n - 1; begin += chunk) {
-    const int64_t len = std::min(chunk, n - 1 - begin);
+  for (int64_t begin = 0; begin < run; begin += chunk) {
+    const int64_t len = std::min(chunk, run - begin);
     std::vector<int64_t> part(ids.begin() + begin, ids.begin() + begin + len);
     auto positions = torch::arange(begin, begin + len, torch::kInt64).unsqueeze(0);
     auto logits =
@@ -89,8 +96,12 @@ std::vector<TokenLogprob> prompt_logprobs(const LlamaModel& model, const std::ve
     const float* data = host.data_ptr<float>();
     const auto width = static_cast<std::size_t>(host.size(1));
     for (int64_t t = 0; t < len; ++t) {
-      out.push_back(token_logprob(data + t * static_cast<int64_t>(width), width,
-                                  ids[static_cast<std::size_t>(begin + t + 1)], top));
+      const float* row = data + t * static_cast<int64_t>(width);
+      if (begin + t + 1 < n) {
+        out.push_back(token_logprob(row, width, ids[static_cast<std::size_t>(begin + t + 1)], top));
+      } else {
+        next->assign(row, row + width);
+      }
     }
   }
   return out;

@@ -68,11 +68,11 @@ void check_continuations(const std::vector<std::vector<TokenId>>& continuations,
 
 // Fills row `r`'s scores from the prompt's last-token log-probabilities `prompt_lp` [vocab] and
 // its packed tokens' `packed_lp` [packed, vocab] (contiguous; undefined when nothing was
-// packed), with their argmaxes.
+// packed), with their argmaxes; with top >= 0, each token's entry and `top` alternatives too.
 void fill_scores(ScoreResponse& out, const std::vector<std::vector<TokenId>>& continuations,
                  const Packing& packing, const torch::Tensor& prompt_lp,
                  const torch::Tensor& prompt_best, const torch::Tensor& packed_lp,
-                 const torch::Tensor& packed_best) {
+                 const torch::Tensor& packed_best, int top) {
   const auto first_lp = prompt_lp.accessor<float, 1>();
   const int64_t first_best = prompt_best.item<int64_t>();
   const float* lps = packed_lp.defined() ? packed_lp.data_ptr<float>() : nullptr;
@@ -85,14 +85,20 @@ void fill_scores(ScoreResponse& out, const std::vector<std::vector<TokenId>>& co
     for (std::size_t j = 0; j < c.size(); ++j) {
       double lp = 0;
       int64_t best = 0;
+      const float* row = nullptr;
       if (j == 0) {
         lp = first_lp[c[0]];
         best = first_best;
+        row = prompt_lp.data_ptr<float>();
       } else {
         const int64_t at = packing.first[k] + static_cast<int64_t>(j) - 1;
         lp = lps[at * vocab + c[j]];
         best = bests[at];
+        row = lps + at * vocab;
       }
+      // The rows are log-probabilities already: token_logprob's normalization leaves them be.
+      if (top >= 0)
+        s.detail.push_back(token_logprob(row, static_cast<std::size_t>(vocab), c[j], top));
       s.logprob_per_token.push_back(lp);
       s.logprob += lp;
       s.greedy = s.greedy && best == c[j];
@@ -156,7 +162,7 @@ std::vector<ScoreResponse> Engine::score_batch(
 std::vector<ScoreResponse> Engine::score_rows(
     const std::vector<EntryPtr>& entries, const std::vector<pml::ResolvedPrompt>& resolved,
     const std::vector<std::vector<std::vector<TokenId>>>& conts, const RequestOptions& request,
-    bool alone) {
+    bool alone, int top) {
   const auto rows = static_cast<int64_t>(resolved.size());
   int64_t most_packed = 0;
   for (const auto& c : conts) {
@@ -256,7 +262,7 @@ std::vector<ScoreResponse> Engine::score_rows(
     out[i].score_ms = score_ms;
     fill_scores(out[i], conts[i], packings[i], prompt_lp[i], prompt_best[i],
                 packed_lp.defined() ? packed_lp[i].contiguous() : torch::Tensor(),
-                packed_best.defined() ? packed_best[i].contiguous() : torch::Tensor());
+                packed_best.defined() ? packed_best[i].contiguous() : torch::Tensor(), top);
   }
   return out;
 }

@@ -81,6 +81,9 @@ struct Job {
   int logprobs = -1;
   bool echo = false;
   std::vector<TokenLogprob> prompt_logprobs;  // echo with logprobs: computed before admission
+  // ... and how many of the prompt's tokens that read from a registered schema's states
+  // (Engine::sequence_logprobs).
+  int64_t prompt_cached_tokens = 0;
   double arrival_ms = 0;
   bool accepted = false;  // kAccepted was sent (the scheduler thread's: a prompt may wait for room)
   // Set by the handler when its client is gone: the token callbacks then return false.

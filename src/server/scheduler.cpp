@@ -361,15 +361,18 @@ bool Scheduler::admit(const JobPtr& job) {
     const double run_start = now_ms();
     const bool echo = job->echo && job->kind == Job::Kind::kPlain;
     if (echo && job->logprobs >= 0 && job->prompt_logprobs.empty()) {
-      // Every prompt token's log-probability, from a forward of its own without prefix reuse
-      // (the batch's prefill keeps the last token's logits only). Kept if the batch has no
-      // room now and the job waits.
-      job->prompt_logprobs = prompt_logprobs(engine_.model(), job->ids, job->logprobs);
+      // Every prompt token's log-probability, from a forward of its own (the batch's prefill
+      // keeps the last token's logits only), reusing a registered schema's stored spans where
+      // the prompt begins with them. Kept if the batch has no room now and the job waits.
+      SequenceLogprobs scored = engine_.sequence_logprobs(job->ids, job->logprobs, job->use_cache);
+      job->prompt_logprobs = std::move(scored.tokens);
+      job->prompt_cached_tokens = scored.cached_tokens;
     }
     if (echo && job->params.max_new_tokens == 0) {
       // Scoring only (an evaluation harness's loglikelihood request): no row in the batch.
       Response r;
-      r.fresh_tokens = static_cast<int64_t>(job->ids.size());
+      r.cached_tokens = job->prompt_cached_tokens;
+      r.fresh_tokens = static_cast<int64_t>(job->ids.size()) - r.cached_tokens;
       r.timings.fresh_prefill_ms = now_ms() - run_start;
       r.stop_reason = StopReason::kMaxTokens;
       finish(*job, std::move(r), 1, run_start, {});

@@ -1,4 +1,5 @@
-// Fuzz entries "schema" and "prompt": the header-only PML parsers, layout and resolution, with
+// Fuzz entries "schema" and "prompt": the header-only PML parsers, layout, resolution and prefix
+// matching (the plain prompts the server reuses stored spans for), with
 // the word-per-token fake tokenizer of the PML tests (no LibTorch, no model files).
 #include <algorithm>
 #include <string>
@@ -9,6 +10,7 @@
 #include "pml/fake_tokenizer.hpp"
 #include "promptcache/error.hpp"
 #include "promptcache/pml/layout.hpp"
+#include "promptcache/pml/prefix_match.hpp"
 #include "promptcache/pml/prompt.hpp"
 #include "promptcache/pml/render.hpp"
 #include "promptcache/pml/schema.hpp"
@@ -86,6 +88,37 @@ void check_resolved(const pml::ResolvedPrompt& r, const pml::Layout& layout) {
   }
 }
 
+// What match_prefix promises (pml/prefix_match.hpp): its spans are stored ones, contiguous from
+// position 0, holding exactly ids' first tokens, within max_tokens; and matched_prompt reads
+// them with the rest of ids fresh after them.
+void check_prefix_match(const pml::Layout& layout, const std::vector<TokenId>& ids,
+                        std::size_t max_tokens) {
+  const pml::PrefixMatch m = pml::match_prefix(layout, ids, max_tokens);
+  check(m.tokens <= max_tokens && m.tokens <= ids.size(), "a match longer than allowed");
+  std::size_t at = 0;
+  for (std::size_t s : m.spans) {
+    const pml::Span& span = layout.spans.at(s);
+    check(span.begin == at, "matched spans are not contiguous from position 0");
+    check(span.cacheable && span.kind != pml::SpanKind::kParameter, "a matched span is not stored");
+    check(std::equal(span.tokens.begin(), span.tokens.end(), ids.begin() + at),
+          "a matched span holds other tokens");
+    at = span.end();
+  }
+  check(at == m.tokens, "a match's token count is not its spans'");
+  const pml::ResolvedPrompt r = pml::matched_prompt(layout, m, ids, ids.size());
+  check(r.baseline == ids && r.text_begin == m.tokens, "matched_prompt changed the sequence");
+  check_resolved(r, layout);
+}
+
+// The token sequence of the scaffold pass (what a client quoting the whole schema would send).
+std::vector<TokenId> scaffold_tokens(const pml::Layout& layout) {
+  std::vector<TokenId> out;
+  for (std::size_t s : layout.spans_in(layout.scaffold_pass())) {
+    out.insert(out.end(), layout.spans[s].tokens.begin(), layout.spans[s].tokens.end());
+  }
+  return out;
+}
+
 struct Variant {
   const char* family;
   std::vector<std::string> specials;
@@ -141,6 +174,9 @@ void schema_entry(const std::uint8_t* data, std::size_t size) {
       const pml::Layout layout =
           pml::layout(schema, tokenizer, pml::chat_template(v.family), v.options);
       check_layout(layout);
+      const std::vector<TokenId> quoted = scaffold_tokens(layout);
+      check_prefix_match(layout, quoted, quoted.size());
+      check_prefix_match(layout, quoted, quoted.size() / 2);
       pml::RenderOptions render;
       render.show_ids = true;
       (void)pml::render_layout(layout, render);
@@ -160,7 +196,9 @@ void prompt_entry(const std::uint8_t* data, std::size_t size) {
       pml_test::FakeTokenizer tokenizer(v.specials);
       const pml::Layout layout =
           pml::layout(schema, tokenizer, pml::chat_template(v.family), v.options);
-      check_resolved(pml::resolve(prompt, layout, tokenizer), layout);
+      const pml::ResolvedPrompt resolved = pml::resolve(prompt, layout, tokenizer);
+      check_resolved(resolved, layout);
+      check_prefix_match(layout, resolved.baseline, resolved.baseline.size());
     }
   } catch (const Error& e) {
     detail::rejected(e);  // a clean rejection

@@ -361,3 +361,55 @@ TEST_CASE("logprobs: out-of-range logprobs, top_logprobs and echo get a 400 nami
   // The server still answers.
   post_json(s, "/v1/completions", {{"prompt", "Hi"}, {"max_tokens", 1}, {"logprobs", 5}});
 }
+
+TEST_CASE("logprobs: echo on token ids reuses a registered schema's modules they begin with",
+          "[server]") {
+  // An evaluation harness sends context + continuation as ids and names no modules: the server
+  // reads the part that is a registered schema's stored spans from the store (cached_tokens),
+  // and every log-probability stays what a no-cache forward gives.
+  TestServer s;
+  auto ref = tiny_engine();
+  const std::string xml = R"(<schema name="fewshot">
+  <module name="inst">Answer the question in one word.</module>
+  <module name="shots">Q: sky? A: blue. Q: grass? A: green.</module>
+</schema>)";
+  REQUIRE(post_schema(s, xml).back()["type"] == "done");
+  ref->add_schema_string(xml);
+  std::vector<TokenId> ids =
+      ref->resolve(pml::parse_prompt_string(R"(<prompt schema="fewshot"><inst/><shots/></prompt>)"))
+          .baseline;
+  const std::size_t shared = ids.size();
+  const std::vector<TokenId> question = {45, 120, 7, 300, 12};
+  ids.insert(ids.end(), question.begin(), question.end());
+  const torch::Tensor lp = reference_logprobs(*ref, ids);
+  for (int round = 0; round < 2; ++round) {  // the second reads the prefix's kept entries
+    INFO("round " << round);
+    const json r = post_json(s, "/v1/completions",
+                             {{"prompt", ids}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 2}});
+    CHECK(r["usage"]["prompt_tokens_details"]["cached_tokens"] == shared);
+    CHECK(r["usage"]["prompt_tokens"] == ids.size());
+    const json& l = r["choices"][0]["logprobs"];
+    REQUIRE(l["token_logprobs"].size() == ids.size());
+    for (std::size_t i = 1; i < ids.size(); ++i) {
+      INFO("token " << i);
+      CHECK(std::abs(l["token_logprobs"][i].get<double>() - lp[i - 1][ids[i]].item<double>()) <
+            1e-4);
+      // Two alternatives, fewer where two ids show the same text (the legacy map keeps one).
+      double best = -1e300;
+      for (const auto& [text, v] : l["top_logprobs"][i].items())
+        best = std::max(best, v.get<double>());
+      CHECK(std::abs(best - lp[i - 1].max().item<double>()) < 1e-4);
+    }
+  }
+  // A sequence that leaves the schema's text early reuses nothing past BOS and is still exact.
+  std::vector<TokenId> other = ids;
+  other[3] = other[3] == 9 ? 10 : 9;
+  const json r = post_json(s, "/v1/completions",
+                           {{"prompt", other}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 0}});
+  CHECK(r["usage"]["prompt_tokens_details"]["cached_tokens"] < shared);
+  const torch::Tensor other_lp = reference_logprobs(*ref, other);
+  for (std::size_t i = 1; i < other.size(); ++i) {
+    CHECK(std::abs(r["choices"][0]["logprobs"]["token_logprobs"][i].get<double>() -
+                   other_lp[i - 1][other[i]].item<double>()) < 1e-4);
+  }
+}
