@@ -22,54 +22,9 @@
 #include <vector>
 
 #include "promptcache/engine.hpp"
+#include "promptcache/eval_rows.hpp"
 
 namespace promptcache::eval {
-
-constexpr int kMaxJsonDepth = 64;
-constexpr std::size_t kMaxLineBytes = std::size_t{16} << 20;
-constexpr std::size_t kMaxChoices = 4096;
-constexpr std::size_t kMaxIdBytes = 1024;
-
-// Reads lines of at most kMaxLineBytes; a longer one is skipped (too_long) without holding it.
-class LineReader {
- public:
-  explicit LineReader(std::istream& in) : in_(in) {}
-  // The next line (without '\n'); false at the end of the input.
-  bool next(std::string& line, bool& too_long);
-
- private:
-  std::istream& in_;
-};
-
-// Whether a line holds only whitespace (skipped, not counted as a row).
-bool blank(const std::string& s);
-
-// The rows of a file a run reads (blank lines left out, too-long ones in), at most `limit`
-// (0: all): for a progress bar's total.
-std::size_t count_rows(const std::string& path, std::size_t limit);
-
-// What a row does when it does not say: the sampling flags of the CLI, the keyword arguments of
-// Python's Engine.eval.
-struct RowDefaults {
-  SamplingParams params;  // max_new_tokens: 32 unless set
-  std::vector<std::string> stop;
-};
-
-// A data line as typed values.
-struct Row {
-  std::size_t line = 0;
-  nlohmann::json id;  // as given (a string or a whole number), else the line number
-  std::string key;    // id.dump(): how ids are matched on resume
-  pml::Prompt prompt;
-  std::vector<std::string> choice_texts;  // empty: a generation row
-  std::optional<std::size_t> answer_index;
-  std::optional<std::string> answer_text;
-  SamplingParams params;
-  // Checked against the engine: the choices' tokens and the prompt's length.
-  std::vector<std::vector<TokenId>> choices;
-  int64_t prompt_tokens = 0;
-  bool scored() const { return !choice_texts.empty(); }
-};
 
 // What a row gave, ready to be written.
 struct Outcome {

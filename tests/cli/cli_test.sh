@@ -636,6 +636,7 @@ lines = [
     json.dumps({"id": "ok1", "prompt": "again", "max_tokens": 3}),
     json.dumps({"id": "ok3", "modules": [{"name": "b"}], "prompt": "Q: When? A:", "max_tokens": 5}),
     json.dumps({"prompt": "Q: A: ", "choices": ["a", "bb", "ccc"]}),
+    json.dumps({"id": "other", "prompt": '<prompt schema="trip"><rules/> x</prompt>', "choices": ["y"]}),
 ]
 open(work + "/d.jsonl", "w").write("\n".join(lines) + "\n")
 PY
@@ -644,7 +645,8 @@ PY
     for expected in "d.jsonl:2: the line is not valid JSON" "d.jsonl:3: schema 'quiz' has no module 'nope'" \
       "d.jsonl:4: 'choices' must be a list" "d.jsonl:5: the prompt needs positions up to" \
       "d.jsonl:8: the line nests deeper than 64" "d.jsonl:9: modules 'a' and 'b' are members of one union" \
-      "d.jsonl:10: 'answer' 5 is not an index" "d.jsonl:11: id \"ok1\" was already used at line 1"; do
+      "d.jsonl:10: 'answer' 5 is not an index" "d.jsonl:11: id \"ok1\" was already used at line 1" \
+      "d.jsonl:14: the PML prompt names schema 'trip', but this run evaluates 'quiz'"; do
       expect_in "$expected" "$work/err"
     done
     python3 - "$work/r.jsonl" "$work/sum.json" <<'PY' || fail "wrong rows: $(cat "$work/r.jsonl")"
@@ -652,7 +654,7 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 summary = json.loads(open(sys.argv[2]).read().strip().splitlines()[-1])
 assert [r["id"] for r in rows] == ["ok1", "ok2", "ok3", 13], [r["id"] for r in rows]
-assert summary["failed"] == 8 and summary["rows"] == 4, summary
+assert summary["failed"] == 9 and summary["rows"] == 4, summary
 assert rows[1]["correct"] in (True, False) and "text" in rows[2] and len(rows[3]["choices"]) == 3
 assert len({r["cached_tokens"] for r in rows[:3]}) == 3, rows
 PY

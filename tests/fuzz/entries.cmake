@@ -20,7 +20,10 @@ if(NOT TARGET promptcache_fuzz_pml)
   # The Redis tier's sealed values (redis_value): LibTorch-free as well.
   add_library(promptcache_fuzz_states STATIC ${PROMPTCACHE_FUZZ_SOURCE_DIR}/entries_states.cpp)
   target_link_libraries(promptcache_fuzz_states PUBLIC promptcache_core)
-  foreach(kind pml tokenizer model request config states)
+  # An eval dataset's lines (eval_row): promptcache_eval_rows, LibTorch-free too.
+  add_library(promptcache_fuzz_eval STATIC ${PROMPTCACHE_FUZZ_SOURCE_DIR}/entries_eval.cpp)
+  target_link_libraries(promptcache_fuzz_eval PUBLIC promptcache_eval_rows)
+  foreach(kind pml tokenizer model request config states eval)
     # Entries include "fuzz/fuzz_entries.hpp" and the PML tests' "pml/fake_tokenizer.hpp".
     target_include_directories(promptcache_fuzz_${kind} PUBLIC ${PROJECT_SOURCE_DIR}/tests)
     target_compile_options(promptcache_fuzz_${kind} PRIVATE -Wall -Wextra)
@@ -29,4 +32,4 @@ endif()
 set(PROMPTCACHE_FUZZ_TARGETS schema prompt tokenizer_json sentencepiece safetensors cache_file
     redis_value)
 # The server's edge and config.json (LibTorch-free, like the PML and tokenizer targets).
-list(APPEND PROMPTCACHE_FUZZ_TARGETS http_request openai_json posted_pml config_json)
+list(APPEND PROMPTCACHE_FUZZ_TARGETS http_request openai_json posted_pml config_json eval_row)

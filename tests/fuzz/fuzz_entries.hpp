@@ -10,7 +10,8 @@
 // The entries live in libraries by what they link, so that a target pulls in no more than
 // it exercises: entries_pml.cpp (header-only PML, no LibTorch), entries_tokenizer.cpp
 // (promptcache_core), entries_request.cpp (the server's request unit, promptcache_request:
-// no LibTorch), entries_config.cpp (promptcache_core) and entries_model.cpp (LibTorch). None links
+// no LibTorch), entries_eval.cpp (an eval dataset's rows, promptcache_eval_rows: no LibTorch),
+// entries_config.cpp (promptcache_core) and entries_model.cpp (LibTorch). None links
 // libsentencepiece: the library reads tokenizer.model itself
 // (src/core/sentencepiece_tokenizer.cpp).
 #pragma once
@@ -58,6 +59,10 @@ void posted_pml_entry(const std::uint8_t* data, std::size_t size);
 // "config_json": config.json bytes -> ModelConfig::from_json_string; sizes positive, special ids
 // in the vocabulary, and the config written back (to_json_string) reads back the same.
 void config_json_entry(const std::uint8_t* data, std::size_t size);
+// "eval_row": byte 0 (bit 0: whether the run's schema gives default modules), then the lines of
+// a `promptcache eval` dataset -> eval::LineReader -> eval::parse_row for each; ids, resume
+// keys, choices, answers and sampling fields within what the evaluation relies on.
+void eval_row_entry(const std::uint8_t* data, std::size_t size);
 // "tokenizer_json": tokenizer.json bytes, optionally followed by NUL-separated parts: a text to
 // encode, tokenizer_config.json, generation_config.json -> load_bpe_tokenizer -> encode (the
 // text and fixed strings) and decode.
