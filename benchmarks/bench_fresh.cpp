@@ -5,7 +5,8 @@
 // For each context size and question length, one JSON line with the whole forward and its parts,
 // each timed on its own with the same calls the forward makes (best of the repeats, ms):
 //   linears_ms    the weight GEMMs of every layer (q, k, v, o, gate, up, down), weights streamed
-//                 from memory layer after layer as in the forward;
+//                 from memory layer after layer as in the forward; qkv_ms, o_ms, gate_up_ms and
+//                 down_ms are its parts, each timed alone over the 12 layers;
 //   lm_head_ms    the last token's logits;
 //   attention_ms  the attention core of every layer over the cache (fused kernel: scores, mask,
 //                 softmax, product with V), only where the fused CPU attention runs;
@@ -15,6 +16,11 @@
 //
 //   build/benchmarks/bench_fresh [--context 512,2048,4096] [--fresh 16,64] [--repeats 7]
 //                                [--shape bench-small] [--kernels on|off|avx512|avx2,...]
+//                                [--checkpoint bf16|f16|f32] [--weights f32|bf16|f16]
+//                                [--kv-dtype f32|bf16|f16] [--only forward]
+// The synthetic checkpoint is stored in --checkpoint (default bf16, as the other benchmarks) and
+// every dtype left unset follows it as for a user's folder (the defaults: bf16 weights mapped,
+// bf16 KV, f32 compute). --only forward times the forward alone (for a profiler).
 #include <torch/types.h>
 
 #include <c10/core/InferenceMode.h>
@@ -52,7 +58,8 @@ double time_ms(F&& f) {
 int main(int argc, char** argv) {
   namespace bench = pc::bench;
   const bench::Flags flags(argc, argv, "bench_fresh",
-                           {"context", "fresh", "repeats", "shape", "kernels"});
+                           {"context", "fresh", "repeats", "shape", "kernels", "checkpoint",
+                            "weights", "kv-dtype", "only"});
   const auto contexts = flags.list("context", {512, 2048, 4096});
   const auto fresh_sizes = flags.list("fresh", {16, 64});
   const int repeats = std::max(1, flags.integer("repeats", 7));
@@ -63,13 +70,33 @@ int main(int argc, char** argv) {
   c10::InferenceMode inference;
   const pc::ModelConfig c = pc::synthetic_config(shape);
   std::cerr << "bench_fresh: making " << shape << " weights...\n";
-  const auto weights = pc::random_llama_weights(c, 1);
-  const auto model = pc::LlamaModel::from_tensors(c, weights, {}, shape);
+  const std::string checkpoint = flags.text("checkpoint", "bf16");
+  const bool forward_only = flags.text("only", "") == "forward";
+  std::map<std::string, torch::Tensor> stored;
+  for (auto& [name, t] : pc::random_llama_weights(c, 1, 0.02)) {
+    stored[name] = t.to(pc::parse_dtype(checkpoint));
+  }
+  pc::LoadOptions load;
+  if (!flags.text("weights", "").empty()) {
+    load.weights = pc::parse_dtype(flags.text("weights", ""));
+  }
+  if (!flags.text("kv-dtype", "").empty()) {
+    load.kv_dtype = pc::parse_dtype(flags.text("kv-dtype", ""));
+  }
+  const auto model = pc::LlamaModel::from_tensors(c, stored, load, shape);
+  // The matrices the parts below time, in the dtype the model keeps them in.
+  std::map<std::string, torch::Tensor> weights;
+  for (const auto& [name, t] : stored) {
+    weights[name] = t.dim() == 2 ? t.to(model->weight_dtype()) : t;
+  }
+  std::cerr << "bench_fresh: weights " << pc::dtype_name(model->weight_dtype()) << ", KV "
+            << pc::dtype_name(model->kv_dtype()) << "\n";
   const int64_t layers = c.num_hidden_layers, hkv = c.num_key_value_heads, d = c.head_dim;
   const int64_t groups = c.num_attention_heads / hkv;
   double weight_bytes = 0;
   for (const auto& [name, w] : weights) {
-    if (name.find("model.layers.") == 0 && w.dim() == 2) weight_bytes += w.numel() * 4.0;
+    if (name.find("model.layers.") == 0 && w.dim() == 2)
+      weight_bytes += w.numel() * w.element_size();
   }
 
   for (int context : contexts) {
@@ -101,6 +128,7 @@ int main(int argc, char** argv) {
 
       struct Sample {
         std::vector<double> forward, decode, linears, lm_head, attention;
+        std::vector<double> qkv, o, gate_up, down;
       };
       std::vector<Sample> samples(settings.size());
       for (int r = 0; r < repeats; ++r) {
@@ -113,6 +141,22 @@ int main(int argc, char** argv) {
                            cache);
           }));
           cache.truncate(context);
+          if (forward_only) continue;
+          auto each_layer = [&](const std::vector<const char*>& names, const torch::Tensor& in) {
+            return time_ms([&] {
+              for (int64_t l = 0; l < layers; ++l) {
+                const std::string p = "model.layers." + std::to_string(l) + ".";
+                for (const char* name : names) {
+                  pc::linear_layer(in, weights.at(p + name + ".weight"));
+                }
+              }
+            });
+          };
+          out.qkv.push_back(
+              each_layer({"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"}, x));
+          out.o.push_back(each_layer({"self_attn.o_proj"}, xo));
+          out.gate_up.push_back(each_layer({"mlp.gate_proj", "mlp.up_proj"}, x));
+          out.down.push_back(each_layer({"mlp.down_proj"}, xf));
           out.linears.push_back(time_ms([&] {
             for (int64_t l = 0; l < layers; ++l) {
               const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -139,6 +183,16 @@ int main(int argc, char** argv) {
       }
       for (std::size_t s = 0; s < settings.size(); ++s) {
         const Sample& v = samples[s];
+        if (forward_only) {
+          std::cout << ordered_json{{"bench", "fresh"},
+                                    {"context", context},
+                                    {"fresh_tokens", fresh},
+                                    {"forward_ms", bench::best_time(v.forward)},
+                                    {"decode_step_ms", bench::best_time(v.decode)}}
+                           .dump()
+                    << std::endl;
+          continue;
+        }
         const double forward = bench::best_time(v.forward), linears = bench::best_time(v.linears);
         const double lm_head = bench::best_time(v.lm_head);
         ordered_json j;
@@ -150,7 +204,13 @@ int main(int argc, char** argv) {
         j["forward_ms"] = forward;
         j["forward_ms_median"] = bench::median_time(v.forward);
         j["decode_step_ms"] = bench::best_time(v.decode);
+        j["weights"] = pc::dtype_name(model->weight_dtype());
+        j["kv_dtype"] = pc::dtype_name(model->kv_dtype());
         j["linears_ms"] = linears;
+        j["qkv_ms"] = bench::best_time(v.qkv);
+        j["o_ms"] = bench::best_time(v.o);
+        j["gate_up_ms"] = bench::best_time(v.gate_up);
+        j["down_ms"] = bench::best_time(v.down);
         j["lm_head_ms"] = lm_head;
         if (!v.attention.empty()) {
           const double attention = bench::best_time(v.attention);

@@ -44,6 +44,12 @@ AttendKernel kernel_for(int64_t head_dim) {
 
 }  // namespace
 
+bool cpu_attention_bf16_dot(int64_t head_dim) {
+  return cpu_linear_kernel() == CpuLinearKernel::kAvx512Bf16 &&
+         kernels::attend_rows_bf16_avx512bf16 != nullptr && head_dim > 0 &&
+         head_dim % kernels::kAvx512Width == 0;
+}
+
 bool cpu_attention_available(int64_t head_dim) {
   return kernel_for(head_dim).fn != nullptr;
 }
@@ -140,7 +146,12 @@ torch::Tensor attend_few_queries(const torch::Tensor& qg, const std::vector<KVSe
                     v.stride(1)});
     slots += k.size(2);
   }
-  const AttendKernel kernel = kernel_for(d);
+  AttendKernel kernel = kernel_for(d);
+  // bf16 keys and values for the rows the lanes take: multiplied as stored, with vdpbf16ps.
+  if (kernel.fn != nullptr && kv == kernels::KvType::kBf16 && rows >= kernels::kAttendLaneMinRows &&
+      cpu_attention_bf16_dot(d)) {
+    kernel.fn = kernels::attend_rows_bf16_avx512bf16;
+  }
   if (kernel.fn == nullptr) {
     refuse("no fused kernel for a head of " + std::to_string(d) +
            " with the CPU kernels selected now (" + cpu_linear_name(cpu_linear_kernel()) + ")");

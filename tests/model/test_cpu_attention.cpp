@@ -321,3 +321,83 @@ TEST_CASE("fused CPU attention is not offered where it does not apply", "[attent
                         Catch::Contains("dense"));
   }
 }
+
+TEST_CASE("fused CPU attention with vdpbf16ps: bf16 keys and values as stored",
+          "[attention][kernels]") {
+  // Under the avx512-bf16 kernels, bf16 keys and values meet 12 query rows and more through
+  // vdpbf16ps, the queries and the softmax numerators split into a high and a low bf16 part
+  // (x = high + low to 2^-16 |x|). A score is then off by at most 2^-16 sum_i |q_i k_i| besides
+  // f32's sums, a weight by the softmax of that plus 2^-16 of itself, so the output by about
+  // 2^-15 (1 + max sum_i |q_i k_i|) max |v|: bound, against the double-precision attention,
+  // with f32's 1e-5 on top.
+  KernelGuard guard;
+  torch::NoGradGuard no_grad;
+  if (!select_cpu_linear(CpuLinearKernel::kAvx512Bf16)) {
+    WARN(
+        "SKIPPED: this processor or build lacks AVX512_BF16 (vdpbf16ps): the bf16 attention "
+        "is not tested here");
+    REQUIRE_FALSE(cpu_attention_bf16_dot(64));
+    return;
+  }
+  REQUIRE(cpu_attention_bf16_dot(64));
+  REQUIRE_FALSE(cpu_attention_bf16_dot(8));  // not a multiple of 16: f32 kernels
+  torch::manual_seed(13);
+  std::mt19937 rng(43);
+  double worst_bound = 0, worst = 0;
+  int checked = 0;
+  for (int64_t d : {16, 64, 128}) {
+    for (int64_t rows : {12, 17, 33, 48, 49, 100}) {
+      const int64_t b = 2, h = 2;
+      const int count = 1 + static_cast<int>(rng() % 4);
+      // Odd lengths too: a run's last slot then pairs with a zero weight.
+      const auto made = random_runs(count, b, h, d, torch::kBFloat16,
+                                    [&](int) { return 1 + static_cast<int64_t>(rng() % 150); });
+      const int64_t slots = made.slots;
+      const auto q = torch::randn({b, h, rows, d}) * (2.0 / std::sqrt(double(d)));
+      const int64_t open = static_cast<int64_t>(rng() % (slots + 1));
+      const auto gaps = torch::rand({b, rows, slots}) < 0.5;
+      const double top =
+          torch::matmul(q.abs(), made.keys.abs().transpose(-1, -2)).max().item<double>();
+      const double bound =
+          1e-5 + std::ldexp(1.0, -15) * (1.0 + top) * made.values.abs().max().item<double>();
+      INFO("d " << d << " rows " << rows << " runs " << count << " slots " << slots);
+      for (int threads : {1, 2}) {
+        for (bool masked : {true, false}) {
+          const auto mask = masked ? gaps : torch::Tensor();
+          const int64_t o = masked ? open : slots;
+          const auto got = attend_few_queries(q, made.runs, mask, o, threads);
+          const double error = max_error(got, reference(q, made.keys, made.values, mask, o));
+          REQUIRE(error < bound);
+          worst_bound = std::max(worst_bound, error / bound);
+          worst = std::max(worst, error);
+          ++checked;
+        }
+      }
+      // A row's output does not depend on the other rows of the call: the first 12 rows alone
+      // give bitwise what they give among all of them (the mask's token rows: rows % 12 == 0
+      // for 12 and 48 only, so those go with a [12, slots] mask, the others without one).
+      const auto first = q.narrow(2, 0, 12).contiguous();
+      const bool by_token = rows % 12 == 0;
+      const auto token_mask = by_token ? gaps.narrow(1, 0, 12) : torch::Tensor();
+      const int64_t o = by_token ? open : slots;
+      REQUIRE(torch::equal(attend_few_queries(first, made.runs, token_mask, o, 1),
+                           attend_few_queries(q, made.runs, token_mask, o, 2).narrow(2, 0, 12)));
+    }
+  }
+  REQUIRE(checked == 3 * 6 * 4);
+  WARN("vdpbf16ps attention: largest error " << worst << ", largest error / bound " << worst_bound);
+  // Decode-sized calls (under 12 rows) and f16 keys and values keep the f32 kernels: exact.
+  const auto made = random_runs(2, 1, 2, 64, torch::kBFloat16, [](int) { return int64_t{70}; });
+  const auto q = torch::randn({1, 2, 11, 64}) * 0.25;
+  REQUIRE(max_error(attend_few_queries(q, made.runs, torch::Tensor(), made.slots, 2),
+                    reference(q, made.keys, made.values, torch::Tensor(), made.slots)) < 1e-5);
+  const auto q16 = torch::randn({1, 2, 16, 64}) * 0.25;
+  const auto k16 = torch::randn({1, 2, 70, 64}).to(torch::kFloat16);
+  const auto v16 = torch::randn({1, 2, 70, 64}).to(torch::kFloat16);
+  REQUIRE(max_error(attend_few_queries(q16, k16, v16, torch::Tensor(), 70, 2),
+                    reference(q16, k16.to(torch::kFloat32), v16.to(torch::kFloat32),
+                              torch::Tensor(), 70)) < 1e-5);
+  // The avx512 kernels (selected by hand) keep bf16 exact.
+  REQUIRE(select_cpu_linear(CpuLinearKernel::kAvx512));
+  REQUIRE_FALSE(cpu_attention_bf16_dot(64));
+}

@@ -32,8 +32,17 @@ bool cpu_attention_available(int64_t head_dim);
 // Whether it takes keys and values of these options (f32, bf16 or f16 on the CPU) with heads of
 // head_dim: the rule by which the model's attention reads a KV cache through it, and so reads
 // slots the cache holds by reference in place. bf16/f16 keys and values are converted to f32 as
-// they are read; queries, scores and the output stay f32.
+// they are read (or multiplied as stored, cpu_attention_bf16_dot); queries, scores and the
+// output stay f32.
 bool cpu_attention_takes(const torch::TensorOptions& options, int64_t head_dim);
+
+// Whether attend_few_queries() multiplies bf16 keys and values of heads of size head_dim as
+// stored, with vdpbf16ps (the AVX-512 BF16 kernels selected, cpu_linear.hpp), for calls of
+// kernels::kAttendLaneMinRows (12) query rows and more: the queries and the softmax weights go
+// in as a high and a low bf16 part each, so the result is the f32 attention over the bf16 states
+// to about 2^-16 relative (another order of sums). Fewer rows (decode steps), f32 and f16 keys
+// and values convert as above.
+bool cpu_attention_bf16_dot(int64_t head_dim);
 
 // qg [b, kv_heads, rows, d]: rows = groups * n query rows per KV head, group-major (row g * n + i
 // is token i of query head g), already scaled by 1/sqrt(d). The slots are the runs of

@@ -13,27 +13,9 @@
 // attention of all 12 layers takes ~5.5 ms on two AVX-512 threads, where library calls took
 // ~20 ms and key tiles transposed in registers ~8 ms (docs/benchmarks-history.md).
 
-namespace {
+#include "lane_softmax.inl"
 
-// e^x for x <= 0 (or -inf): Cephes' single-precision range reduction and polynomial (within a
-// few ulp of expf). Results below e^-87 (1.6e-38, under f32 resolution next to the row's maximum
-// term of 1) are flushed to 0, which is also what a masked slot's -inf gives.
-inline typename Vec::Reg exp_nonpositive(typename Vec::Reg x) {
-  using R = typename Vec::Reg;
-  const R limit = Vec::set1(-87.0f);
-  const R xc = Vec::max(x, limit);
-  const R n = Vec::round(Vec::mul(xc, Vec::set1(1.44269504088896341f)));
-  R r = Vec::fma(n, Vec::set1(-0.693359375f), xc);
-  r = Vec::fma(n, Vec::set1(2.12194440e-4f), r);
-  R p = Vec::set1(1.9875691500e-4f);
-  p = Vec::fma(p, r, Vec::set1(1.3981999507e-3f));
-  p = Vec::fma(p, r, Vec::set1(8.3334519073e-3f));
-  p = Vec::fma(p, r, Vec::set1(4.1665795894e-2f));
-  p = Vec::fma(p, r, Vec::set1(1.6666665459e-1f));
-  p = Vec::fma(p, r, Vec::set1(5.0000001201e-1f));
-  p = Vec::fma(p, Vec::mul(r, r), Vec::add(r, Vec::set1(1.0f)));
-  return Vec::zero_below(x, limit, Vec::scale2(p, n));
-}
+namespace {
 
 // Softmax numerators of one row of scores in place: e^(s - max) with closed slots at 0. Returns
 // the row's sum, 0 when it sees no slot.
@@ -299,7 +281,6 @@ inline void lane_rows(const promptcache::kernels::AttendArgs& a, Index r0, Index
                       float* scratch) {
   constexpr Index ld = RV * Vec::kWidth;
   constexpr int J = Vec::kLaneAcc / RV;
-  constexpr float kNegInf = -__builtin_inff();
   const Index d = a.d, slots = a.slots;
   float* qt = scratch;            // [d][ld]
   float* st = qt + d * ld;        // [slots][ld]
@@ -315,32 +296,8 @@ inline void lane_rows(const promptcache::kernels::AttendArgs& a, Index r0, Index
     lane_scores<RV, T>(qt, d, a.segments[s], st + first * ld, ld, widen);
     first += a.segments[s].slots;
   }
-  if (a.mask != nullptr) {
-    for (Index j = a.open; j < slots; ++j) {
-      for (Index r = 0; r < rows; ++r) {
-        if (!a.mask[((r0 + r) % a.tokens) * a.mask_ld + j]) st[j * ld + r] = kNegInf;
-      }
-    }
-  }
-  typename Vec::Reg top[RV], total[RV];
-  for (int r = 0; r < RV; ++r) top[r] = Vec::set1(kNegInf), total[r] = Vec::zero();
-  for (Index j = 0; j < slots; ++j) {
-    for (int r = 0; r < RV; ++r)
-      top[r] = Vec::max(top[r], Vec::load(st + j * ld + r * Vec::kWidth));
-  }
-  // A row that sees no slot has maximum -inf: subtracting 0 instead makes its terms e^-inf = 0.
-  for (int r = 0; r < RV; ++r) top[r] = Vec::zero_below(top[r], Vec::set1(-3.0e38f), top[r]);
-  for (Index j = 0; j < slots; ++j) {
-    for (int r = 0; r < RV; ++r) {
-      float* at = st + j * ld + r * Vec::kWidth;
-      const typename Vec::Reg e = exp_nonpositive(Vec::sub(Vec::load(at), top[r]));
-      Vec::store(at, e);
-      total[r] = Vec::add(total[r], e);
-    }
-  }
   float scale[ld];
-  for (int r = 0; r < RV; ++r) Vec::store(scale + r * Vec::kWidth, total[r]);
-  for (Index r = 0; r < ld; ++r) scale[r] = scale[r] > 0.0f ? 1.0f / scale[r] : 0.0f;
+  lane_softmax<RV>(a, r0, rows, st, scale);
   // The product with V, a block of kLaneValueSlots slots at a time: that block's values and
   // weights stay in L1 while every column block uses them.
   for (Index i = 0; i < d * ld; ++i) sums[i] = 0.0f;

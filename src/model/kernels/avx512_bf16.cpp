@@ -22,6 +22,13 @@
 
 namespace {
 using Index = long long;
+}  // namespace
+
+#include "avx512_vec.inl"
+
+#include "lane_softmax.inl"
+
+namespace {
 using promptcache::kernels::Bf16;
 using promptcache::kernels::bf16_dot_stride;
 using promptcache::kernels::kBf16DotChunk;
@@ -187,15 +194,279 @@ void linear_rows_bf16_dot(const Bf16* xb, Index m, Index k, const Bf16* w, Index
   }
 }
 
+// ---- Attention over bf16 keys and values with vdpbf16ps (attend_rows_bf16) ----
+// The lane layout of attention_kernel.inl's lane_rows (a chunk of up to 48 query rows along the
+// vector lanes, scores st[j][r] in f32, the same lane_softmax), with both products done by
+// vdpbf16ps on the stored bf16 values instead of f32 FMAs on keys and values first converted to
+// f32 a block at a time: each instruction takes a pair of adjacent elements per lane.
+//   scores  lane r holds (q[r][i], q[r][i+1]) as a high and a low bf16 pair (x = high + low
+//           to 2^-16 of x; the query rounded to bf16 alone, as the linear kernel rounds its x,
+//           moved the contract suites' logits past their bound); the key pair (k[j][i],
+//           k[j][i+1]) is one 32-bit broadcast from the stored row.
+//   values  lane r holds the softmax numerators (p[j][r], p[j+1][r]) as a high and a low bf16
+//           pair (the scale 1 / sum stays f32); the value pair (v[j][c], v[j+1][c]) is
+//           broadcast from a block of values interleaved two rows at a time (pair_values), 64
+//           slots at a time.
+// Every lane sums its own row's products in one order whatever the other rows of the call, so a
+// row's output does not depend on them. Slots pair up within a run; a run's odd last slot pairs
+// with a zero weight and zero values.
+using promptcache::kernels::AttendArgs;
+using promptcache::kernels::AttendSegment;
+using promptcache::kernels::kAttendWidenSlots;
+// Keys (scores) or value columns (values) per block: 8 x 3 row vectors = 24 accumulators.
+constexpr int kAttendJ = 8;
+
+// For a prefetch only: may point past the end of an array (computed as an integer).
+inline const void* ahead(const Bf16* p, Index elements) {
+  return reinterpret_cast<const void*>(reinterpret_cast<__UINTPTR_TYPE__>(p) +
+                                       static_cast<__UINTPTR_TYPE__>(elements) * sizeof(Bf16));
+}
+
+// The 32 bits at p (two bf16) in every lane.
+inline __m512bh broadcast_pair(const void* p) {
+  int bits;
+  __builtin_memcpy(&bits, p, sizeof bits);
+  return as_bh(_mm512_set1_epi32(bits));
+}
+
+// Word r of the result = (element r, element 16 + r) of a vector of 32 bf16: the 16-bit
+// indices 2r <- r and 2r + 1 <- 16 + r.
+inline __m512i interleave_halves(__m512i v) {
+  static const unsigned short kIndex[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                            21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
+                                            11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  return _mm512_permutexvar_epi16(_mm512_loadu_si512(kIndex), v);
+}
+
+// x - (x rounded to bf16): the low part of x (x = high + low + under 2^-16 |x|).
+inline __m512 below_bf16(__m512 x) {
+  const __m256i h = (__m256i)_mm512_cvtneps_pbh(x);
+  return _mm512_sub_ps(x, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+}
+
+// Two rows of ld words (ld a multiple of 16) at dst: word c of the first is (a[c], b[c])
+// rounded to bf16, of the second their low parts (below_bf16) rounded; b null: zeros.
+inline void pair_rows(const float* a, const float* b, float* dst, Index ld) {
+  for (Index c = 0; c < ld; c += 16) {
+    const __m512 x = _mm512_loadu_ps(a + c);
+    const __m512 y = b != nullptr ? _mm512_loadu_ps(b + c) : _mm512_setzero_ps();
+    // The low 16 bf16 come from the second operand.
+    _mm512_storeu_si512(dst + c, interleave_halves((__m512i)_mm512_cvtne2ps_pbh(y, x)));
+    _mm512_storeu_si512(dst + ld + c, interleave_halves((__m512i)_mm512_cvtne2ps_pbh(
+                                          below_bf16(y), below_bf16(x))));
+  }
+}
+
+// The n (<= kAttendWidenSlots) value rows at v (d bf16 each, d a multiple of 16) as (n + 1) / 2
+// rows of d words: word c of row jp is (v[2jp][c], v[2jp + 1][c]), zeros past the last row.
+inline void pair_values(const Bf16* v, Index n, Index d, float* vp) {
+  for (Index j = 0; j < n; j += 2) {
+    const Bf16* a = v + j * d;
+    for (Index c = 0; c < d; c += 16) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + c));
+      const __m256i y = j + 1 < n ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + d + c))
+                                  : _mm256_setzero_si256();
+      const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(x), y, 1);
+      _mm512_storeu_si512(vp + (j / 2) * d + c, interleave_halves(both));
+    }
+  }
+}
+
+// acc[x][y] += (hi[y] + lo[y]) . (the pair at first + x * stride, in every lane), high part
+// first, for X pairs and Y vectors of rows.
+template <int X, int Y, class P>
+inline void split_products(__m512 (&acc)[X][Y], const __m512bh (&hi)[Y], const __m512bh (&lo)[Y],
+                           const P* first, Index stride) {
+#pragma GCC unroll 8
+  for (int x = 0; x < X; ++x) {
+    const __m512bh b = broadcast_pair(first + x * stride);
+#pragma GCC unroll 4
+    for (int y = 0; y < Y; ++y) {
+      acc[x][y] = _mm512_dpbf16_ps(acc[x][y], hi[y], b);
+      acc[x][y] = _mm512_dpbf16_ps(acc[x][y], lo[y], b);
+    }
+  }
+}
+
+// st[j][r] = q[r] . k[j] for the J keys at k, q as pairs of its high and low bf16 parts (row
+// 2 (i / 2) of qt2: the high parts' pairs (q[r][i], q[r][i + 1]), the next row the low parts');
+// asks for the next
+// block's keys (L1) and this block's values (L2) meanwhile.
+template <int RV, int J>
+inline void bf16_scores_block(const float* qt2, Index d, const Bf16* k, const Bf16* v, float* st,
+                              Index ld) {
+  __m512 acc[J][RV];
+#pragma GCC unroll 8
+  for (int j = 0; j < J; ++j) {
+#pragma GCC unroll 4
+    for (int c = 0; c < RV; ++c) acc[j][c] = _mm512_setzero_ps();
+  }
+  for (Index i = 0; i < d; i += 2) {
+    __builtin_prefetch(ahead(k, J * d + i * J), 0, 3);
+    __builtin_prefetch(ahead(v, i * J), 0, 2);
+    __m512bh hi[RV], lo[RV];
+#pragma GCC unroll 4
+    for (int c = 0; c < RV; ++c) {
+      hi[c] = as_bh(_mm512_loadu_si512(qt2 + i * ld + c * 16));
+      lo[c] = as_bh(_mm512_loadu_si512(qt2 + i * ld + ld + c * 16));
+    }
+    split_products(acc, hi, lo, k + i, d);
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < J; ++j) {
+#pragma GCC unroll 4
+    for (int c = 0; c < RV; ++c) _mm512_storeu_ps(st + j * ld + c * 16, acc[j][c]);
+  }
+}
+
+// The last (fewer than J) keys of a run: the block instantiated for exactly that many.
+template <int RV, int J>
+inline void bf16_scores_tail(int keys, const float* qt2, Index d, const Bf16* k, const Bf16* v,
+                             float* st, Index ld) {
+  if constexpr (J > 0) {
+    if (keys == J) {
+      bf16_scores_block<RV, J>(qt2, d, k, v, st, ld);
+    } else {
+      bf16_scores_tail<RV, J - 1>(keys, qt2, d, k, v, st, ld);
+    }
+  }
+}
+
+// sums[c][r] += sum over the pairs jp of (p pair of row r) . (v pair of column c), for the C
+// columns from c0; pt holds two rows of ld words per pair (pair_rows: high, low parts), vp d
+// words per pair.
+template <int RV, int C>
+inline void bf16_values_block(const float* pt, const float* vp, Index pairs, Index d, Index c0,
+                              float* sums, Index ld) {
+  __m512 acc[C][RV];
+#pragma GCC unroll 8
+  for (int c = 0; c < C; ++c) {
+#pragma GCC unroll 4
+    for (int r = 0; r < RV; ++r) acc[c][r] = _mm512_loadu_ps(sums + (c0 + c) * ld + r * 16);
+  }
+  for (Index jp = 0; jp < pairs; ++jp) {
+    __m512bh hi[RV], lo[RV];
+#pragma GCC unroll 4
+    for (int r = 0; r < RV; ++r) {
+      hi[r] = as_bh(_mm512_loadu_si512(pt + 2 * jp * ld + r * 16));
+      lo[r] = as_bh(_mm512_loadu_si512(pt + 2 * jp * ld + ld + r * 16));
+    }
+    split_products(acc, hi, lo, vp + jp * d + c0, 1);
+  }
+#pragma GCC unroll 8
+  for (int c = 0; c < C; ++c) {
+#pragma GCC unroll 4
+    for (int r = 0; r < RV; ++r) _mm512_storeu_ps(sums + (c0 + c) * ld + r * 16, acc[c][r]);
+  }
+}
+
+// The attention of `rows` (at most RV * 16) query rows starting at row r0. The scratch is laid
+// out as attention_kernel.inl's lane_rows lays it out (attend_scratch_floats).
+template <int RV>
+void bf16_lane_rows(const AttendArgs& a, Index r0, Index rows, float* scratch) {
+  constexpr Index ld = RV * 16;
+  constexpr int J = kAttendJ;
+  const Index d = a.d, slots = a.slots;
+  float* qt2 = scratch;           // [d / 2][2][ld] words: pairs of high, then of low parts
+  float* st = qt2 + d * ld;       // [slots][ld]; then the weights' pairs, ld words per pair
+  float* sums = st + slots * ld;  // [d][ld]; first the queries' high, low parts [ld][d] bf16
+  // [kAttendWidenSlots / 2][d] words: a block's values in pairs; then its weights in pairs
+  // (pair_rows), [kAttendWidenSlots / 2][2][ld] words.
+  float* vp = scratch + promptcache::kernels::attend_scratch_floats(d, slots) -
+              kAttendWidenSlots * d - kAttendWidenSlots * promptcache::kernels::kAttendRowChunk;
+  float* pp = vp + kAttendWidenSlots / 2 * d;
+  // Each query q = high + low + (under 2^-16 |q|), high and low bf16 (round to nearest even):
+  // with both multiplied, the scores keep nearly f32's precision (a query rounded to bf16 alone
+  // moved bench-small-like scores by up to 2^-9 of sum |q_i k_i|, which the softmax amplifies).
+  auto* high = reinterpret_cast<Bf16*>(sums);
+  Bf16* low = high + ld * d;
+  for (Index r = 0; r < ld; ++r) {  // padding lanes get zero queries (their results are dropped)
+    for (Index c = 0; c < d; c += 16) {
+      const __m512 q = r < rows ? _mm512_loadu_ps(a.q + (r0 + r) * d + c) : _mm512_setzero_ps();
+      const __m256i h = (__m256i)_mm512_cvtneps_pbh(q);
+      const __m512 hf = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(high + r * d + c), h);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(low + r * d + c),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(q, hf)));
+    }
+  }
+  for (Index i = 0; i < d; i += 2) {
+    for (Index r = 0; r < ld; ++r) {
+      __builtin_memcpy(qt2 + i * ld + r, high + r * d + i, 4);
+      __builtin_memcpy(qt2 + i * ld + ld + r, low + r * d + i, 4);
+    }
+  }
+  Index first = 0;
+  for (Index s = 0; s < a.segment_count; ++s) {
+    const AttendSegment& run = a.segments[s];
+    const auto* k = static_cast<const Bf16*>(run.k);
+    const auto* v = static_cast<const Bf16*>(run.v);
+    float* out = st + first * ld;
+    Index j = 0;
+    for (; j + J <= run.slots; j += J) {
+      bf16_scores_block<RV, J>(qt2, d, k + j * d, v + j * d, out + j * ld, ld);
+    }
+    if (j < run.slots) {
+      bf16_scores_tail<RV, J - 1>(static_cast<int>(run.slots - j), qt2, d, k + j * d, v + j * d,
+                                  out + j * ld, ld);
+    }
+    first += run.slots;
+  }
+  float scale[ld];
+  lane_softmax<RV>(a, r0, rows, st, scale);
+  for (Index i = 0; i < d * ld; ++i) sums[i] = 0.0f;
+  const float* p = st;
+  for (Index s = 0; s < a.segment_count; ++s) {
+    const AttendSegment& run = a.segments[s];
+    const auto* values = static_cast<const Bf16*>(run.v);
+    for (Index j0 = 0; j0 < run.slots; j0 += kAttendWidenSlots) {
+      const Index n = run.slots - j0 < kAttendWidenSlots ? run.slots - j0 : kAttendWidenSlots;
+      pair_values(values + j0 * d, n, d, vp);
+      for (Index j = 0; j < n; j += 2) {
+        const float* row = p + (j0 + j) * ld;
+        pair_rows(row, j + 1 < n ? row + ld : nullptr, pp + j * ld, ld);
+      }
+      // d is a multiple of 16, so of J: no column tail.
+      for (Index c0 = 0; c0 < d; c0 += J) {
+        bf16_values_block<RV, J>(pp, vp, (n + 1) / 2, d, c0, sums, ld);
+      }
+    }
+    p += run.slots * ld;
+  }
+  for (Index r = 0; r < rows; ++r) {
+    for (Index c = 0; c < d; ++c) a.out[(r0 + r) * d + c] = sums[c * ld + r] * scale[r];
+  }
+}
+
+// kernels::attend_rows_bf16_avx512bf16: bf16 keys and values, at least kAttendLaneMinRows rows,
+// d a multiple of 16 (cpu_attention.cpp checks all three), in chunks of up to 48 rows.
+void attend_rows_bf16(const AttendArgs& a) {
+  static_assert(Vec::kWidth == 16 && kAttendWidenSlots % 2 == 0 && 16 % kAttendJ == 0);
+  static_assert(3 * 16 <= promptcache::kernels::kAttendRowChunk);
+  for (Index r = 0; r < a.rows; r += 48) {
+    const Index n = a.rows - r < 48 ? a.rows - r : 48;
+    const Index vecs = (n + 15) / 16;
+    if (vecs == 3) {
+      bf16_lane_rows<3>(a, r, n, a.scratch);
+    } else if (vecs == 2) {
+      bf16_lane_rows<2>(a, r, n, a.scratch);
+    } else {
+      bf16_lane_rows<1>(a, r, n, a.scratch);
+    }
+  }
+}
+
 }  // namespace
 
 namespace promptcache::kernels {
 const RoundBf16Fn round_bf16_avx512bf16 = &round_bf16_rows;
 const LinearRowsBf16DotFn linear_rows_bf16_dot_avx512bf16 = &linear_rows_bf16_dot;
+const AttendRowsFn attend_rows_bf16_avx512bf16 = &attend_rows_bf16;
 }  // namespace promptcache::kernels
 #else
 namespace promptcache::kernels {
 const RoundBf16Fn round_bf16_avx512bf16 = nullptr;
 const LinearRowsBf16DotFn linear_rows_bf16_dot_avx512bf16 = nullptr;
+const AttendRowsFn attend_rows_bf16_avx512bf16 = nullptr;
 }  // namespace promptcache::kernels
 #endif

@@ -109,8 +109,11 @@ constexpr long long kAttendWidenSlots = 64;
 // Scratch floats attend_rows needs for one call: the scores of a chunk of rows over every slot,
 // the chunk's queries and output sums (transposed), one scale per row, and a block of converted
 // keys or values.
+// The vdpbf16ps attention (attend_rows_bf16_avx512bf16) also keeps a block's softmax weights as
+// pairs of high and low bf16 parts there.
 constexpr long long attend_scratch_floats(long long d, long long slots) {
-  return kAttendRowChunk * (slots + 2 * d + 1) + kAttendWidenSlots * d;
+  return kAttendRowChunk * (slots + 2 * d + 1) + kAttendWidenSlots * d +
+         kAttendWidenSlots * kAttendRowChunk;
 }
 
 // Compiled with AVX-512F / with AVX2+FMA enabled (both with F16C, which the bf16/f16 kernels
@@ -152,5 +155,14 @@ using LinearRowsBf16DotFn = void (*)(const Bf16* xb, long long m, long long k, c
 // compiler could not build them).
 extern const RoundBf16Fn round_bf16_avx512bf16;
 extern const LinearRowsBf16DotFn linear_rows_bf16_dot_avx512bf16;
+// The fused attention (AttendArgs) for bf16 keys and values and at least kAttendLaneMinRows
+// query rows, d a multiple of kAvx512Width, with vdpbf16ps: the queries and the softmax
+// numerators are split into a high and a low bf16 part each (x = high + low to 2^-16 of x) and
+// both multiplied with the stored keys and values as they are, products summed in f32; the
+// softmax and the output are f32. The result is the f32 attention over the bf16 states to
+// about 2^-16 relative, in another order of sums.
+// A row's output does not depend on the other rows of the call. Fewer rows (a decode step) are
+// attend_rows_avx512's.
+extern const AttendRowsFn attend_rows_bf16_avx512bf16;
 
 }  // namespace promptcache::kernels
