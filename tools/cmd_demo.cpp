@@ -254,8 +254,9 @@ void speed_part(const Options& o, const std::string& stories_dir) {
   params.max_new_tokens = 8;
   say(
       fmt::format("   prompt: the {} documents and a question; answering without the cache (a "
-                  "full prefill, about {:.0f} s each, {} run{}) ...",
-                  module_count(layout), compile_s, o.repeats, o.repeats == 1 ? "" : "s"));
+                  "full prefill, about {:.{}f} s each, {} run{}) ...",
+                  module_count(layout), compile_s, compile_s < 10 ? 1 : 0, o.repeats,
+                  o.repeats == 1 ? "" : "s"));
   const Timed plain = best_of(*engine, prompt, params, false, o.repeats);
   const Timed cached = best_of(*engine, prompt, params, true, o.repeats);
   const auto& c = cached.response;
