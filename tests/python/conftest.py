@@ -7,9 +7,16 @@ compares the module against the CLI's results.
 """
 import os
 import pathlib
+import signal
 import subprocess
 
 import pytest
+
+# The suite simulates Ctrl-C with _thread.interrupt_main, which does nothing while SIGINT is
+# ignored, as it is for a run that a non-interactive shell started in the background (`cmd &`,
+# some CI runners). The interpreter's own handler is put back, so the simulated Ctrl-C arrives
+# as a user's does at a terminal.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 STORIES = ROOT / "models" / "stories260K"

@@ -157,7 +157,8 @@ def test_ctrl_c_when_imported_from_another_thread(models):
     import sys
 
     code = (
-        "import _thread, threading, sys\n"
+        "import _thread, signal, threading, sys\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)  # as conftest.py does\n"
         "t = threading.Thread(target=lambda: __import__('promptcache')); t.start(); t.join()\n"
         "import promptcache as pc\n"
         "eng = pc.Engine(sys.argv[1])\n"
