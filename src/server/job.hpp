@@ -81,7 +81,7 @@ struct Job {
   int logprobs = -1;
   bool echo = false;
   std::vector<TokenLogprob> prompt_logprobs;  // echo with logprobs: computed before admission
-  // ... and how many of the prompt's tokens that read from a registered schema's states
+  // ... and how many of the prompt's tokens it read from a registered schema's stored states
   // (Engine::sequence_logprobs).
   int64_t prompt_cached_tokens = 0;
   double arrival_ms = 0;
