@@ -16,7 +16,7 @@ fi
 # Stated each time: a build folder that scripts/demo.sh configured without the tests gets them
 # back here.
 everything=(-DPROMPTCACHE_BUILD_TESTS=ON -DPROMPTCACHE_BUILD_BENCHMARKS=ON
-            -DPROMPTCACHE_BUILD_EXAMPLES=ON -DPROMPTCACHE_BUILD_SERVER=ON)
+            -DPROMPTCACHE_BUILD_EXAMPLES=ON -DPROMPTCACHE_BUILD_SERVER=ON -DPROMPTCACHE_DEMO_ONLY=OFF)
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=${BUILD_TYPE:-Release} "${extra[@]}" "${everything[@]}" \
   "$@" >/dev/null
 targets=()

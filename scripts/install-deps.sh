@@ -23,7 +23,7 @@ case "${1:-}" in
 esac
 # Building and running: the compiler and CMake, LibTorch with OpenBLAS, the libraries the code
 # includes, and the optional parts of the CLI (cpp-httplib: `serve`; hiredis: `--redis`).
-build=(build-essential cmake pkg-config ccache libtorch-dev libopenblas0-pthread libpugixml-dev
+build=(build-essential cmake ninja-build pkg-config ccache libtorch-dev libopenblas0-pthread libpugixml-dev
        libfmt-dev nlohmann-json3-dev libcli11-dev libpcre2-dev libutf8proc-dev libxxhash-dev
        libssl-dev libcpp-httplib-dev libhiredis-dev)
 test_pkgs=(catch2 libsentencepiece-dev sentencepiece python3 redis-server chromium

@@ -100,6 +100,18 @@ std::string apply_threads(const ModelOptions& o) {
                      t.openblas ? " (OpenBLAS)" : "");
 }
 
+Command register_absent(CLI::App& root, const std::string& name) {
+  CLI::App* app = root.add_subcommand(name, "(not in this build: scripts/build.sh builds it)");
+  app->allow_extras();
+  app->prefix_command();
+  return {app, [name]() -> int {
+            std::cerr << "promptcache: `" << name
+                      << "` is not in this build: scripts/demo.sh builds the demo alone "
+                         "(PROMPTCACHE_DEMO_ONLY); scripts/build.sh builds every command\n";
+            return 2;
+          }};
+}
+
 void add_sampling_options(CLI::App& app, SamplingOptions& o) {
   auto& p = o.params;
   app.add_option("-n,--max-new-tokens", p.max_new_tokens, "tokens to generate")

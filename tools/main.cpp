@@ -24,12 +24,22 @@ int main(int argc, char** argv) {
       "  promptcache serve --model /tmp/tiny --schema schemas/trip.xml --port 8080\n"
       "  promptcache eval --model DIR --schema S.xml --data D.jsonl --out results.jsonl\n"};
   app.require_subcommand(1);
+#ifdef PROMPTCACHE_DEMO_ONLY
+  // scripts/demo.sh's build (PROMPTCACHE_DEMO_ONLY): the other commands are named, so that
+  // calling one says how to build it instead of "not a command".
+  std::vector<cli::Command> commands = {cli::register_demo(app)};
+  for (const char* name : {"layout", "run", "qa", "generate", "make-model", "tokenize", "compile",
+                           "cache", "fidelity", "serve", "eval", "info"}) {
+    commands.push_back(cli::register_absent(app, name));
+  }
+#else
   std::vector<cli::Command> commands = {
       cli::register_demo(app),     cli::register_layout(app),   cli::register_run(app),
       cli::register_qa(app),       cli::register_generate(app), cli::register_make_model(app),
       cli::register_tokenize(app), cli::register_compile(app),  cli::register_cache(app),
       cli::register_fidelity(app), cli::register_serve(app),    cli::register_eval(app),
       cli::register_info(app)};
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
