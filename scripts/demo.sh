@@ -7,12 +7,23 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
-scripts/install-deps.sh
-echo "demo.sh: building the promptcache CLI (first time: a few minutes; progress below) ..."
-# Only make's progress lines are shown; the compiler's messages go to a log, printed when the
-# build fails.
 build=${BUILD_DIR:-build}
 mkdir -p "$build"
+# apt's hundreds of lines go to a log (printed when it fails); the packages it installs are named.
+deps_log=$build/demo-deps.log
+echo "demo.sh: checking the packages building needs (a fresh machine installs about 180: a" \
+  "minute or two; apt's messages go to $deps_log) ..."
+if ! scripts/install-deps.sh 2>&1 | tee "$deps_log" \
+  | { grep --line-buffered '^install-deps:' || true; } | sed -u 's/^/  /'; then
+  cat "$deps_log" >&2
+  echo "demo.sh: installing the dependencies failed (apt's messages are above and in $deps_log)" >&2
+  exit 1
+fi
+deps_done=$(date +%s)
+echo "demo.sh: dependencies took $((deps_done - start)) s; building the promptcache CLI (first" \
+  "time: a few minutes; progress below) ..."
+# Only the build's progress lines are shown; the compiler's messages go to a log, printed when
+# the build fails.
 log=$build/demo-build.log
 # No server either: the demo does not serve (scripts/build.sh builds it, and `serve` says so).
 # PROMPTCACHE_DEMO_ONLY: the library units and the one CLI command the demo runs, about half the
@@ -29,6 +40,6 @@ if ! BUILD_TARGETS=promptcache_cli scripts/build.sh "${generator[@]}" -DPROMPTCA
   echo "demo.sh: the build failed (its messages are above and in $log)" >&2
   exit 1
 fi
-echo "demo.sh: dependencies and build took $(($(date +%s) - start)) s"
+echo "demo.sh: the build took $(($(date +%s) - deps_done)) s; dependencies and build $(($(date +%s) - start)) s"
 echo
 exec "$build/promptcache" demo "$@"
