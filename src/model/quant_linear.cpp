@@ -179,6 +179,45 @@ torch::Tensor quant_linear_integer(const torch::Tensor& x, const torch::Tensor& 
   return out;
 }
 
+namespace {
+
+// The row dequantization for `kernel` (AVX2's for both SIMD kernels; the scalar reference else).
+void (*dequant_fn(std::optional<QuantKernel> kernel, kq::Format format))(const uint8_t*, long long,
+                                                                         float*) {
+  if (kernel && *kernel != QuantKernel::kScalar && quant_kernel_available(QuantKernel::kAvx2)) {
+    return kq::dequant_row_avx2[static_cast<int>(format)];
+  }
+  return nullptr;
+}
+
+void dequant_row(kq::DequantRowFn fn, kq::Format format, const uint8_t* w, int64_t k, float* y) {
+  if (fn != nullptr) {
+    fn(w, k, y);
+  } else {
+    kq::dequantize_row(format, w, k, y);
+  }
+}
+
+}  // namespace
+
+torch::Tensor dequantize_with(const torch::Tensor& weight, QuantKernel kernel) {
+  const auto type = ggml::quant_type_of(weight);
+  if (!type) {
+    throw Error(ErrorKind::kInvalidArgument, "dequantize_with: the weight is not block-quantized");
+  }
+  const auto wc = weight.to(torch::kCPU).contiguous();
+  const int64_t n = wc.size(0), k = wc.size(1) * ggml::block_elements(*type);
+  const auto format = format_of(*type);
+  const auto fn = dequant_fn(kernel, format);
+  auto out = torch::empty({n, k}, torch::TensorOptions().dtype(torch::kFloat32));
+  const int64_t row_bytes = wc.size(1) * wc.size(2);
+  for (int64_t r = 0; r < n; ++r) {
+    dequant_row(fn, format, wc.data_ptr<uint8_t>() + r * row_bytes, k,
+                out.data_ptr<float>() + r * k);
+  }
+  return out;
+}
+
 torch::Tensor quant_rounded_x(const torch::Tensor& x, const torch::Tensor& weight) {
   const Shape s = check(x, weight);
   const auto xc = x.to(torch::kCPU, torch::kFloat32).contiguous();
@@ -205,11 +244,12 @@ torch::Tensor quant_linear_dequant(const torch::Tensor& x, const torch::Tensor& 
   }
   const uint8_t* wp = wc.data_ptr<uint8_t>();
   float* sp = scratch.data_ptr<float>();
+  const auto fn = dequant_fn(quant_kernel_in_use(), s.format);
   for (int64_t r0 = 0; r0 < s.n; r0 += block) {
     const int64_t nb = std::min(block, s.n - r0);
     split_rows(nb, [&](int64_t a, int64_t b) {
       for (int64_t r = a; r < b; ++r) {
-        kq::dequantize_row(s.format, wp + (r0 + r) * row_bytes, s.k, sp + r * s.k);
+        dequant_row(fn, s.format, wp + (r0 + r) * row_bytes, s.k, sp + r * s.k);
       }
     });
     auto part = out2.narrow(1, r0, nb);

@@ -11,7 +11,7 @@
 // dequantize the weight, a block of rows at a time, into an f32 scratch for LibTorch's GEMM with
 // the rounded x. Both give the same products, so a row's result moves only by f32 rounding
 // (~1e-6 relative) with the number of rows in the call, as the batch-exact and prefix-exact
-// contracts need; the rounding of x itself costs ~0.3% RMS of each output against f32 x
+// contracts need; the rounding of x itself costs ~0.7% RMS of each output against f32 x
 // (docs/architecture.md).
 #pragma once
 
@@ -46,6 +46,9 @@ torch::Tensor quant_linear_integer(const torch::Tensor& x, const torch::Tensor& 
                                    QuantKernel kernel);
 // x rounded as every path rounds it (f32, x's shape and device).
 torch::Tensor quant_rounded_x(const torch::Tensor& x, const torch::Tensor& weight);
+// The weight's f32 values as the dequantize + GEMM path makes them with `kernel`'s instruction
+// set (AVX2 for both SIMD kernels): bitwise ggml::dequantize(weight) (tests).
+torch::Tensor dequantize_with(const torch::Tensor& weight, QuantKernel kernel);
 // The dequantize + GEMM path at any row count (tests and benchmarks).
 torch::Tensor quant_linear_dequant(const torch::Tensor& x, const torch::Tensor& weight);
 

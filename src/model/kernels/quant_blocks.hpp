@@ -115,6 +115,11 @@ extern const QuantRowsFn quant_rows_scalar[kFormats];
 extern const QuantRowsFn quant_rows_avx2[kFormats];
 extern const QuantRowsFn quant_rows_avx512vnni[kFormats];
 
+// dequantize_row's work for one format (k values), bitwise the same results (the same f32
+// multiply, then subtract, per value). Null where the unit is not built.
+using DequantRowFn = void (*)(const uint8_t* blocks, long long k, float* out);
+extern const DequantRowFn dequant_row_avx2[kFormats];
+
 // One weight row of nb blocks times one row of quantized x.
 using DotFn = float (*)(const uint8_t* w, const uint8_t* xq, long long nb);
 
