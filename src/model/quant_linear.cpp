@@ -259,7 +259,7 @@ torch::Tensor quant_linear_dequant(const torch::Tensor& x, const torch::Tensor& 
 }
 
 torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& weight) {
-  const Shape s = check(x, weight);
+  check(x, weight);
   const auto kernel = quant_kernel_in_use();
   const bool cpu = x.device().is_cpu() && weight.device().is_cpu() &&
                    x.scalar_type() == torch::kFloat32 &&
@@ -267,8 +267,7 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& weight) 
   if (!kernel || !cpu) {
     return torch::linear(quant_rounded_x(x, weight), ggml::dequantize(weight).to(x.device()));
   }
-  if (s.m <= kQuantIntegerRows) return quant_linear_integer(x, weight, *kernel);
-  return quant_linear_dequant(x, weight);
+  return quant_linear_integer(x, weight, *kernel);
 }
 
 }  // namespace promptcache

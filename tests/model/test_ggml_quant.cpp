@@ -213,7 +213,7 @@ TEST_CASE("block-quantized integer kernels equal the scalar reference bitwise",
       for (int64_t n : {1, 7, 66, 200}) {
         const auto w = ggml::quantize(torch::randn({n, k}), t);
         const auto wf = ggml::dequantize(w).to(torch::kFloat64);
-        for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 8, 9, 64}) {
+        for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 8, 9, 64, 160}) {
           CAPTURE(ggml::type_name(t), k, n, m);
           const auto x = torch::randn({m, k}) * 3;
           const auto ref = quant_linear_integer(x, w, QuantKernel::kScalar);
@@ -284,13 +284,13 @@ TEST_CASE("linear_layer takes block-quantized weights under every kernel selecti
     const auto in_use = quant_kernel_in_use();
     REQUIRE(in_use.has_value());
     CAPTURE(cpu_linear_name(kernel), quant_kernel_name(*in_use));
-    // Up to kQuantIntegerRows rows (10 here: over) the integer kernel, per row of x.
+    // The integer kernel at every row count: a row's result is bitwise the same alone.
     const auto got = linear_layer(x, w);
     REQUIRE(got.sizes() == torch::IntArrayRef({2, 5, 96}));
-    CHECK(torch::equal(got.reshape({10, 96}),
-                       quant_linear_dequant(x, w).reshape({10, 96})));  // 10 rows > 8: GEMM
+    CHECK(torch::equal(got, quant_linear_integer(x, w, *in_use)));
     const auto one = linear_layer(x[0], w);
-    CHECK(torch::equal(one, quant_linear_integer(x[0], w, *in_use)));
+    CHECK(torch::equal(one, got[0]));
+    CHECK(torch::equal(linear_layer(x_big, w)[1][3], linear_layer(x_big[1][3], w)));
     // Either path: the reference's products up to f32 rounding, whatever the rows of the call.
     CHECK(torch::allclose(one, torch::linear(xr[0], wf), 1e-5, 1e-4));
     CHECK(torch::allclose(got, torch::linear(xr, wf), 1e-5, 1e-4));

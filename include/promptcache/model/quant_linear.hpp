@@ -5,14 +5,18 @@
 //
 // Every path multiplies x rounded to 8 bits per block with the weights: blocks of 32 values for
 // Q4_0/Q8_0 weights, of 256 for the K-quants (as llama.cpp's Q8_0 and Q8_K activations), each
-// block's d = max |x| / 127 and x -> nearbyint(x / d) * d. Up to kQuantIntegerRows rows of x the
-// kernels multiply those 8-bit values with the weight blocks in integers (AVX2 maddubs/madd,
-// AVX-512 VNNI vpdpbusd, or the scalar reference; all three bitwise the same); more rows
-// dequantize the weight, a block of rows at a time, into an f32 scratch for LibTorch's GEMM with
-// the rounded x. Both give the same products, so a row's result moves only by f32 rounding
-// (~1e-6 relative) with the number of rows in the call, as the batch-exact and prefix-exact
-// contracts need; the rounding of x itself costs ~0.7% RMS of each output against f32 x
-// (docs/architecture.md).
+// block's d = max |x| / 127 and x -> nearbyint(x / d) * d; the rounding costs ~0.7% RMS of each
+// output against f32 x (docs/architecture.md). With the kernels on, every row count takes the
+// integer kernels: they multiply those 8-bit values with the weight blocks in integers (AVX2
+// maddubs/madd, AVX-512 VNNI vpdpbusd, or the scalar reference; all three bitwise the same), and
+// a row's result is bitwise the same whatever the other rows of the call. That is what the
+// prefix-exact and batch-exact contracts need: the rounding of x is a step function, so the last
+// bits by which a GEMM's sums move with the rows of its call (1e-7) flip some roundings in the
+// next layer, and those flips moved a tiny model's logits by 2% of their largest value between a
+// cached and an uncached prefill (measured with the dequantize + GEMM path for many rows, which
+// llama.cpp-style prefill would take; tests/contracts/test_quant_contracts.cpp). The dequantize +
+// GEMM path (quant_linear_dequant: the weight dequantized a block of rows at a time into an f32
+// scratch for LibTorch's GEMM with the rounded x) stays for comparison (bench_linear).
 #pragma once
 
 #include <torch/types.h>
@@ -21,9 +25,6 @@
 #include <string>
 
 namespace promptcache {
-
-// Rows of x up to which the integer kernels run (more: dequantize + GEMM).
-constexpr int64_t kQuantIntegerRows = 8;
 
 enum class QuantKernel { kScalar, kAvx2, kAvx512Vnni };
 // Whether this build and processor have the kernel (kScalar always).
@@ -41,7 +42,7 @@ std::optional<QuantKernel> quant_kernel_in_use();
 // on the CPU and moved: LlamaModel dequantizes block weights at load for other devices instead).
 torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& weight);
 
-// The integer path with the given kernel at any row count (tests and benchmarks).
+// The integer path with the given kernel (tests and benchmarks).
 torch::Tensor quant_linear_integer(const torch::Tensor& x, const torch::Tensor& weight,
                                    QuantKernel kernel);
 // x rounded as every path rounds it (f32, x's shape and device).

@@ -123,14 +123,19 @@ extern const DequantRowFn dequant_row_avx2[kFormats];
 // One weight row of nb blocks times one row of quantized x.
 using DotFn = float (*)(const uint8_t* w, const uint8_t* xq, long long nb);
 
-// A QuantRowsFn from a DotFn: weight row by weight row (a row stays in L1 for every row of x).
+// A QuantRowsFn from a DotFn: tiles of up to 16 rows of x (about 14 KB of quantized x, kept in
+// L1/L2) against each weight row in turn (a row stays in L1 for the tile's rows).
 template <DotFn kDot, Format kF>
 static void dot_rows(const uint8_t* w, long long k, const uint8_t* xq, long long m, long long n0,
                      long long n1, float* out, long long ldo) {
+  constexpr long long kTile = 16;
   const long long nb = k / format_elements(kF), row = nb * format_bytes(kF);
   const long long xrow = x_row_bytes(kF, k);
-  for (long long j = n0; j < n1; ++j) {
-    for (long long t = 0; t < m; ++t) out[t * ldo + j] = kDot(w + j * row, xq + t * xrow, nb);
+  for (long long t0 = 0; t0 < m; t0 += kTile) {
+    const long long t1 = t0 + kTile < m ? t0 + kTile : m;
+    for (long long j = n0; j < n1; ++j) {
+      for (long long t = t0; t < t1; ++t) out[t * ldo + j] = kDot(w + j * row, xq + t * xrow, nb);
+    }
   }
 }
 
