@@ -213,7 +213,9 @@ TEST_CASE("block-quantized integer kernels equal the scalar reference bitwise",
       for (int64_t n : {1, 7, 66, 200}) {
         const auto w = ggml::quantize(torch::randn({n, k}), t);
         const auto wf = ggml::dequantize(w).to(torch::kFloat64);
-        for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 8, 9, 64, 160}) {
+        // Row counts below, at and past the AVX-512 kernels' tile of 16 rows, with partial
+        // tiles after full ones (17, 33).
+        for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33, 64, 160}) {
           CAPTURE(ggml::type_name(t), k, n, m);
           const auto x = torch::randn({m, k}) * 3;
           const auto ref = quant_linear_integer(x, w, QuantKernel::kScalar);

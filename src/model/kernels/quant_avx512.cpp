@@ -98,8 +98,8 @@ float dot_q6_k(const uint8_t* w, const uint8_t* xq, long long nb) {
   return acc;
 }
 
-// ---- K-quant rows for several rows of x: each weight block unpacked once for a tile of rows ----
-// The same sums as dot_qkx / dot_q6_k above, each output accumulated over the blocks in the same
+// ---- rows for several rows of x: each weight block unpacked once for a tile of rows ----
+// The same sums as the dot_* functions above, each output accumulated over the blocks in the same
 // order, so bitwise the same results; the unpacking is shared by up to kTile rows of x.
 
 constexpr long long kTile = 16;
@@ -113,7 +113,7 @@ void tile_rows(const uint8_t* w, long long nb, long long bytes, const uint8_t* x
   for (long long i = 0; i < nb; ++i) {
     const Block block(wr + i * bytes);
     for (long long t = t0; t < t1; ++t) {
-      acc[t - t0] += block.dot(reinterpret_cast<const XQK*>(xq + t * xrow)[i]);
+      acc[t - t0] += block.dot(reinterpret_cast<const typename Block::X*>(xq + t * xrow)[i]);
     }
   }
   for (long long t = t0; t < t1; ++t) out[t * ldo + j] = acc[t - t0];
@@ -122,7 +122,8 @@ void tile_rows(const uint8_t* w, long long nb, long long bytes, const uint8_t* x
 template <class Block>
 void rows_tiled(const uint8_t* w, long long k, const uint8_t* xq, long long m, long long n0,
                 long long n1, float* out, long long ldo) {
-  const long long nb = k / 256, xrow = nb * static_cast<long long>(sizeof(XQK));
+  const long long nb = k / Block::kElements;
+  const long long xrow = nb * static_cast<long long>(sizeof(typename Block::X));
   for (long long t0 = 0; t0 < m; t0 += kTile) {
     const long long t1 = t0 + kTile < m ? t0 + kTile : m;
     for (long long j = n0; j < n1; ++j) {
@@ -134,7 +135,8 @@ void rows_tiled(const uint8_t* w, long long k, const uint8_t* xq, long long m, l
 // A Q4_K (kFive false) or Q5_K block unpacked: four 64-value registers and their scales.
 template <bool kFive>
 struct QkxBlock {
-  static constexpr long long kBytes = kFive ? 176 : 144;
+  using X = XQK;
+  static constexpr long long kElements = 256, kBytes = kFive ? 176 : 144;
   __m512i q[4], scale[4];
   int m[8];
   float d, dmin;
@@ -163,7 +165,8 @@ struct QkxBlock {
 };
 
 struct Q6kBlock {
-  static constexpr long long kBytes = 210;
+  using X = XQK;
+  static constexpr long long kElements = 256, kBytes = 210;
   __m512i q[4], scale[4];
   const int8_t* sc;
   float d;
@@ -193,6 +196,33 @@ struct Q6kBlock {
   }
 };
 
+// A Q4_0 block's values (0..15) or a Q8_0 block's (|w|, with w's sign to put on x).
+struct Q40Block {
+  using X = XQ32;
+  static constexpr long long kElements = 32, kBytes = 18;
+  __m256i u;
+  float d;
+  explicit Q40Block(const uint8_t* w) : u(unpack_q4_0(w)), d(half(w)) {}
+  float dot(const XQ32& x) const {
+    const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, load32(x.qs));
+    return combine_q32(d, x.d, hsum(p) - 8 * x.sum);
+  }
+};
+
+struct Q80Block {
+  using X = XQ32;
+  static constexpr long long kElements = 32, kBytes = 34;
+  __m256i q, magnitude;
+  float d;
+  explicit Q80Block(const uint8_t* w)
+      : q(load32(w + 2)), magnitude(_mm256_sign_epi8(q, q)), d(half(w)) {}
+  float dot(const XQ32& x) const {
+    const __m256i p =
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), magnitude, _mm256_sign_epi8(load32(x.qs), q));
+    return combine_q32(d, x.d, hsum(p));
+  }
+};
+
 // One row of x: the single-row kernels (no tile to share the unpacking with); more: tiled.
 template <DotFn kDot, Format kF, class Block>
 void rows_k(const uint8_t* w, long long k, const uint8_t* xq, long long m, long long n0,
@@ -207,7 +237,7 @@ void rows_k(const uint8_t* w, long long k, const uint8_t* xq, long long m, long 
 }  // namespace
 
 const QuantRowsFn quant_rows_avx512vnni[kFormats] = {
-    &dot_rows<&dot_q4_0, Format::kQ4_0>, &dot_rows<&dot_q8_0, Format::kQ8_0>,
+    &rows_k<&dot_q4_0, Format::kQ4_0, Q40Block>, &rows_k<&dot_q8_0, Format::kQ8_0, Q80Block>,
     &rows_k<&dot_qkx<false>, Format::kQ4_K, QkxBlock<false>>,
     &rows_k<&dot_qkx<true>, Format::kQ5_K, QkxBlock<true>>,
     &rows_k<&dot_q6_k, Format::kQ6_K, Q6kBlock>};
