@@ -15,6 +15,7 @@
 #include "promptcache/model/cpu_attention.hpp"
 #include "promptcache/model/cpu_linear.hpp"
 #include "promptcache/model/cpu_ops.hpp"
+#include "promptcache/model/ggml_quant.hpp"
 #include "promptcache/model/q8_weights.hpp"
 #include "promptcache/model/safetensors.hpp"
 #include "promptcache/model/threads.hpp"
@@ -343,6 +344,22 @@ std::unique_ptr<LlamaModel> LlamaModel::from_tensors(const ModelConfig& config,
     if (it == w.end()) {
       throw Error(ErrorKind::kModel, "tensor is missing from the checkpoint",
                   {origin, 0, 0, "tensor '" + name + "'"});
+    }
+    // GGML blocks (uint8 [n, k / B, bytes], promptcache/model/ggml_quant.hpp) for a matrix:
+    // kept as they are (a view of the file) where the CPU kernels compute with f32, else
+    // dequantized here to the weights' dtype.
+    if (const auto qt = ggml::quant_type_of(it->second)) {
+      const auto& q = it->second;
+      if (shape.size() != 2 || q.size(0) != shape[0] ||
+          q.size(1) * ggml::block_elements(*qt) != shape[1]) {
+        throw Error(ErrorKind::kModel,
+                    "tensor holds " + std::string(ggml::type_name(*qt)) + " blocks " +
+                        shape_string(q.sizes()) + " but config.json implies " +
+                        shape_string(shape),
+                    {origin, 0, 0, "tensor '" + name + "'"});
+      }
+      if (options.device.is_cpu() && compute == torch::kFloat32) return q;
+      return ggml::dequantize(q).to(to_weights);
     }
     if (it->second.sizes() != at::IntArrayRef(shape)) {
       throw Error(ErrorKind::kModel,
@@ -752,6 +769,8 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
   } else {
     auto embedded = embed_.index_select(0, ids.reshape({-1}));
     if (is_q8(embed_)) embedded = dequantize_q8(embedded, config_.hidden_size);
+    // GGML blocks: only the looked-up rows are dequantized (the table stays in blocks).
+    if (ggml::quant_type_of(embed_)) embedded = ggml::dequantize(embedded);
     x = embedded.view({b, n, config_.hidden_size}).to(choice_.compute);
   }
   LayerInputs in;
