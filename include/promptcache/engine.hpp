@@ -315,6 +315,9 @@ class Engine {
   void publish(const std::string& name, EntryPtr entry);
   // Empties the free KV buffers that hold states of the schema (replaced or removed).
   void forget_buffers_of(const std::string& name);
+  // Cuts a free KV buffer's contents short before the stored block `id` (evicted from the span
+  // tiers; SpanStore's eviction listener), so a block it read in place is not kept alive.
+  void release_evicted(uint64_t id);
 
   // A KV buffer taken from the pool for one request and given back when it ends (see "The KV
   // buffer pool" in engine.cpp: which buffer a prompt gets, what it keeps).

@@ -81,12 +81,17 @@ SpanStore::SpanStore(const LlamaModel& model, EncodingMode mode, int64_t chunk_t
       mode_(mode),
       chunk_tokens_(chunk_tokens),
       budgets_(budgets),
-      // Evicted from host memory: dropped.
-      host_(TierPolicy{"host", budgets.host_bytes, nullptr}),
+      // Evicted from host memory: dropped (when it is the top tier, its id is noted for the
+      // eviction listener).
+      host_(TierPolicy{"host", budgets.host_bytes,
+                       [this](const std::string&, const SpanStates& states) {
+                         if (!on_device()) evicted_.push_back(states.id);
+                       }}),
       // Evicted from the device: demoted to host memory (unless it holds the span already),
       // where host memory's budget applies next.
       device_(TierPolicy{"device", budgets.device_bytes,
                          [this](const std::string& key, const SpanStates& states) {
+                           evicted_.push_back(states.id);
                            if (host_.find(key) != nullptr) return;
                            host_.put(key, SpanStates::from_block(states.kv.to(torch::kCPU),
                                                                  states.begin));
@@ -152,6 +157,7 @@ std::shared_ptr<const SchemaSpans> SpanStore::adopt(const pml::Layout& layout, C
   for (const auto& [span, s] : canonical) states.put(name, span, s);
   if (compiled) stats_.compiled_spans += static_cast<int64_t>(canonical.size());
   enforce_budgets();
+  const std::vector<uint64_t> evicted = take_evicted();
   if (remote_) {
     // Written without the lock (a network round trip per span); the states are the schema's.
     std::vector<std::pair<std::string, SpanStates>> missing;
@@ -169,6 +175,8 @@ std::shared_ptr<const SchemaSpans> SpanStore::adopt(const pml::Layout& layout, C
     lock.lock();
     stats_.remote_puts += puts;
   }
+  lock.unlock();
+  notify(evicted);
   return out;
 }
 
@@ -230,6 +238,9 @@ SpanStore::Pin SpanStore::pin(const pml::Layout& layout, const SchemaSpans& sche
     }
   }
   enforce_budgets();
+  const std::vector<uint64_t> evicted = take_evicted();
+  lock.unlock();
+  notify(evicted);
   return out;
 }
 
@@ -253,9 +264,29 @@ SpanStore::Pin::~Pin() {
 }
 
 void SpanStore::unpin(std::vector<SlotPtr>& held) {
+  std::vector<uint64_t> evicted;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    held.clear();  // under the lock: enforce_budgets counts holders
+    enforce_budgets();
+    evicted = take_evicted();
+  }
+  notify(evicted);
+}
+
+void SpanStore::set_eviction_listener(std::function<void(uint64_t id)> listener) {
   std::lock_guard<std::mutex> lock(mutex_);
-  held.clear();  // under the lock: enforce_budgets counts holders
-  enforce_budgets();
+  listener_ = std::move(listener);
+}
+
+void SpanStore::notify(const std::vector<uint64_t>& evicted) const {
+  if (!listener_) return;
+  for (uint64_t id : evicted) listener_(id);
+}
+
+bool SpanStore::resident(uint64_t id) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return top_tier().holds(id);
 }
 
 bool SpanStore::attached(const SlotPtr& slot) const {

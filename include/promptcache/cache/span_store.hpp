@@ -32,6 +32,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "promptcache/cache/compiler.hpp"
@@ -124,6 +125,12 @@ class SpanStore {
   // The id of the top tier's states of `key` (SpanStates::id), 0 when not there; no stats, no
   // change in the LRU order.
   uint64_t resident_id(const std::string& key) const;
+  // Whether the top tier holds the block with this id (SpanStates::id).
+  bool resident(uint64_t id) const;
+  // Called with the id of each block evicted from the top tier, after the store's lock is
+  // released (so it may take locks of its own, and call the store): the engine's KV buffer pool
+  // lets go of the blocks its idle buffers read in place. Set once, before the store is used.
+  void set_eviction_listener(std::function<void(uint64_t id)> listener);
 
   TierStats stats() const;
   // Counts a states file that failed its checks (TierStats::file_rejected): the engine's, when
@@ -180,6 +187,10 @@ class SpanStore {
   bool held(const std::string& key) const;   // a request holds it (a Pin's reference)
   void touch(const std::string& key);        // most recently used in every tier that holds it
   void enforce_budgets();
+  // The ids evicted from the top tier since the last call (lock held), for notify() after the
+  // lock is released.
+  std::vector<uint64_t> take_evicted() { return std::exchange(evicted_, {}); }
+  void notify(const std::vector<uint64_t>& evicted) const;
   void release(const std::vector<std::string>& keys);
   void unpin(std::vector<SlotPtr>& held);
 
@@ -194,6 +205,8 @@ class SpanStore {
   // The memory tiers, one Tier each with its policy: the device demotes what it evicts to host
   // memory; host memory drops it (the lower tiers serve it again).
   Tier host_, device_;
+  std::vector<uint64_t> evicted_;  // see take_evicted
+  std::function<void(uint64_t)> listener_;
   TierStats stats_;
   std::unique_ptr<RedisTier> remote_;
 };
