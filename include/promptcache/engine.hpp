@@ -62,6 +62,9 @@ struct EngineOptions {
   // The secret its values are sealed with (HMAC-SHA256; redis_tier.hpp): the same in every
   // engine sharing the server. Required with redis_url (Error(kInvalidArgument) when empty).
   std::string cache_secret;
+  // Seconds a value stays in the Redis server unused (each use refreshes it); 0: it never
+  // expires (redis_tier.hpp).
+  int64_t redis_ttl_seconds = 0;
 };
 
 struct RequestOptions {

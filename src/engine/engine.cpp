@@ -54,7 +54,8 @@ Engine::Engine(std::unique_ptr<LlamaModel> model, std::unique_ptr<Tokenizer> tok
       *model_, options_.encoding, options_.compile_chunk_tokens,
       TierBudgets{options_.max_host_bytes, options_.max_device_bytes},
       options_.redis_url.empty() ? nullptr
-                                 : RedisTier::connect(options_.redis_url, options_.cache_secret));
+                                 : RedisTier::connect(options_.redis_url, options_.cache_secret,
+                                                      options_.redis_ttl_seconds));
   // Evicted blocks leave the idle KV buffers too (give_back handles the busy ones).
   spans_->set_eviction_listener([this](uint64_t id) { release_evicted(id); });
   const ModelConfig& config = model_->config();
