@@ -26,6 +26,9 @@ void add_engine_flags(CLI::App& app, EngineFlags& flags) {
                  "a Redis server shared by many processes (redis://HOST:PORT): compiled spans are "
                  "stored there, and a schema it holds is served without compiling; needs "
                  "--cache-secret-file, --cache-secret or $PROMPTCACHE_CACHE_SECRET");
+  app.add_option("--redis-ttl", flags.redis_ttl,
+                 "seconds a span stays in --redis unused (each use refreshes it; e.g. 86400): "
+                 "spans no process uses leave the server on their own (default: never expire)");
   app.add_option("--cache-secret-file", flags.cache_secret_file,
                  "file whose first line (trailing whitespace trimmed) is the secret that seals "
                  "the values stored in --redis (HMAC-SHA256): the same in every process sharing "
@@ -82,6 +85,8 @@ std::unique_ptr<Engine> open_engine(const ModelOptions& model, const EngineFlags
         "the server: --cache-secret-file FILE, --cache-secret S or $PROMPTCACHE_CACHE_SECRET "
         "(make one with `openssl rand -hex 32 > FILE`)");
   }
+  const int64_t ttl = parse_redis_ttl(flags.redis_ttl);
+  if (ttl > 0 && flags.redis.empty()) throw UsageError("--redis-ttl: give --redis URL as well");
   require_model(model);
   apply_threads(model);
   EngineOptions options;
@@ -92,6 +97,7 @@ std::unique_ptr<Engine> open_engine(const ModelOptions& model, const EngineFlags
   options.max_device_bytes = parse_byte_size(flags.max_device_bytes, "--max-device-bytes");
   options.redis_url = flags.redis;
   if (!flags.redis.empty()) options.cache_secret = std::move(secret);
+  options.redis_ttl_seconds = ttl;
   return Engine::open(model.model_dir, options);
 }
 

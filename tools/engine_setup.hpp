@@ -15,6 +15,7 @@ struct EngineFlags {
   std::string cache_dir;  // --cache-dir: where compiled states are kept between runs
   std::string max_host_bytes, max_device_bytes;  // span tier budgets ("64M"; "" no limit)
   std::string redis;                             // --redis redis://HOST:PORT ("" none)
+  std::string redis_ttl;                         // --redis-ttl SECONDS ("" never expire)
   // The secret Redis values are sealed with: --cache-secret S or --cache-secret-file FILE, else
   // $PROMPTCACHE_CACHE_SECRET (cache_secret()). Required with --redis.
   std::string cache_secret, cache_secret_file;

@@ -42,6 +42,19 @@ int64_t parse_byte_size(const std::string& text, const std::string& flag) {
   return static_cast<int64_t>(value) << shift;
 }
 
+int64_t parse_redis_ttl(const std::string& text) {
+  if (text.empty()) return 0;
+  const bool digits =
+      text.size() <= 12 && text.find_first_not_of("0123456789") == std::string::npos;
+  const int64_t seconds = digits ? std::stoll(text) : -1;
+  if (seconds <= 0 || seconds > RedisTier::kMaxTtlSeconds) {
+    throw UsageError("--redis-ttl: expects whole seconds from 1 to " +
+                     std::to_string(RedisTier::kMaxTtlSeconds) + " (ten years), got '" + text +
+                     "'");
+  }
+  return seconds;
+}
+
 std::string read_secret_file(const std::string& path, const std::string& flag) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw UsageError(flag + " " + path + ": cannot read the file");

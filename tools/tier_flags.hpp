@@ -1,5 +1,5 @@
-// The span tiers on the command line: byte sizes for --max-host-bytes / --max-device-bytes and
-// the stats `--stats` prints (promptcache/cache/span_store.hpp).
+// The span tiers on the command line: byte sizes (--max-host-bytes, --max-device-bytes),
+// --redis-ttl and the stats `--stats` prints (promptcache/cache/span_store.hpp).
 #pragma once
 
 #include <cstdint>
@@ -13,6 +13,10 @@ namespace promptcache::cli {
 // "1048576", "512K", "64M", "2G" (powers of 1024); "" is 0 (no limit). UsageError naming `flag`
 // otherwise.
 int64_t parse_byte_size(const std::string& text, const std::string& flag);
+
+// --redis-ttl: whole seconds from 1 to RedisTier::kMaxTtlSeconds; "" is 0 (never expire).
+// UsageError otherwise.
+int64_t parse_redis_ttl(const std::string& text);
 
 // A secret kept in a file: its first line, trailing whitespace trimmed (at most 64 KiB read).
 // UsageError naming `flag` and the file when it cannot be read or the line is empty.

@@ -62,6 +62,9 @@ struct EngineOptions {
   // The secret its values are sealed with (HMAC-SHA256; redis_tier.hpp): the same in every
   // engine sharing the server. Required with redis_url (Error(kInvalidArgument) when empty).
   std::string cache_secret;
+  // Seconds a value stays in the Redis server unused (each use refreshes it); 0: it never
+  // expires (redis_tier.hpp).
+  int64_t redis_ttl_seconds = 0;
 };
 
 struct RequestOptions {
@@ -315,6 +318,9 @@ class Engine {
   void publish(const std::string& name, EntryPtr entry);
   // Empties the free KV buffers that hold states of the schema (replaced or removed).
   void forget_buffers_of(const std::string& name);
+  // Cuts a free KV buffer's contents short before the stored block `id` (evicted from the span
+  // tiers; SpanStore's eviction listener), so a block it read in place is not kept alive.
+  void release_evicted(uint64_t id);
 
   // A KV buffer taken from the pool for one request and given back when it ends (see "The KV
   // buffer pool" in engine.cpp: which buffer a prompt gets, what it keeps).

@@ -41,10 +41,9 @@ using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
 
 }  // namespace
 
-RedisTier::RedisTier(std::string url, std::string host, int port, std::string secret)
-    : url_(std::move(url)), host_(std::move(host)), port_(port), secret_(std::move(secret)) {}
-
-std::unique_ptr<RedisTier> RedisTier::connect(const std::string& url, const std::string& secret) {
+std::unique_ptr<RedisTier> RedisTier::connect(const std::string& url, const std::string& secret,
+                                              int64_t ttl_seconds) {
+  check_ttl(url, ttl_seconds);
   std::string rest = url;
   const std::string scheme = "redis://";
   if (rest.rfind(scheme, 0) == 0) rest = rest.substr(scheme.size());
@@ -81,7 +80,7 @@ std::unique_ptr<RedisTier> RedisTier::connect(const std::string& url, const std:
   if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
     ::signal(SIGPIPE, SIG_IGN);
   }
-  return std::unique_ptr<RedisTier>(new RedisTier(url, host, port, secret));
+  return std::unique_ptr<RedisTier>(new RedisTier(url, host, port, secret, ttl_seconds));
 }
 
 RedisTier::~RedisTier() {
@@ -122,11 +121,28 @@ std::optional<torch::Tensor> RedisTier::get(const std::string& key, torch::Dtype
   std::lock_guard<std::mutex> lock(mutex_);
   Connection* c = ready();
   if (c == nullptr) return std::nullopt;
-  Reply reply(static_cast<redisReply*>(
-      redisCommand(c->context, "GET %b", key.data(), static_cast<std::size_t>(key.size()))));
-  if (!reply) {
+  // With a TTL, the read refreshes it (EXPIRE pipelined behind the GET: one round trip, any
+  // server version; a key that is absent stays absent).
+  const auto size = static_cast<std::size_t>(key.size());
+  const bool refresh = ttl_seconds_ > 0;
+  bool sent = redisAppendCommand(c->context, "GET %b", key.data(), size) == REDIS_OK;
+  if (sent && refresh) {
+    sent = redisAppendCommand(c->context, "EXPIRE %b %lld", key.data(), size,
+                              static_cast<long long>(ttl_seconds_)) == REDIS_OK;
+  }
+  void* raw = nullptr;
+  if (!sent || redisGetReply(c->context, &raw) != REDIS_OK) {
     lost(c->context->errstr);
     return std::nullopt;
+  }
+  Reply reply(static_cast<redisReply*>(raw));
+  if (refresh) {
+    void* expired = nullptr;
+    if (redisGetReply(c->context, &expired) != REDIS_OK) {
+      lost(c->context->errstr);
+      return std::nullopt;
+    }
+    freeReplyObject(expired);  // EXPIRE's 0 or 1: nothing to act on
   }
   if (reply->type == REDIS_REPLY_NIL) return std::nullopt;
   // Reported and counted, never served: the caller compiles the span again (and replaces the
@@ -153,9 +169,12 @@ bool RedisTier::put_value(const std::string& key, const std::string& value) {
   std::lock_guard<std::mutex> lock(mutex_);
   Connection* c = ready();
   if (c == nullptr) return false;
-  Reply reply(static_cast<redisReply*>(redisCommand(c->context, "SET %b %b", key.data(),
-                                                    static_cast<std::size_t>(key.size()),
-                                                    value.data(), value.size())));
+  const auto size = static_cast<std::size_t>(key.size());
+  Reply reply(static_cast<redisReply*>(
+      ttl_seconds_ > 0
+          ? redisCommand(c->context, "SET %b %b EX %lld", key.data(), size, value.data(),
+                         value.size(), static_cast<long long>(ttl_seconds_))
+          : redisCommand(c->context, "SET %b %b", key.data(), size, value.data(), value.size())));
   if (!reply) {
     lost(c->context->errstr);
     return false;
@@ -172,8 +191,13 @@ bool RedisTier::contains(const std::string& key) {
   std::lock_guard<std::mutex> lock(mutex_);
   Connection* c = ready();
   if (c == nullptr) return false;
+  const auto size = static_cast<std::size_t>(key.size());
+  // With a TTL, EXPIRE both answers (1: the key is there) and refreshes it: a value the engine
+  // found there is one it uses.
   Reply reply(static_cast<redisReply*>(
-      redisCommand(c->context, "EXISTS %b", key.data(), static_cast<std::size_t>(key.size()))));
+      ttl_seconds_ > 0 ? redisCommand(c->context, "EXPIRE %b %lld", key.data(), size,
+                                      static_cast<long long>(ttl_seconds_))
+                       : redisCommand(c->context, "EXISTS %b", key.data(), size)));
   if (!reply) {
     lost(c->context->errstr);
     return false;
@@ -181,15 +205,28 @@ bool RedisTier::contains(const std::string& key) {
   return reply->type == REDIS_REPLY_INTEGER && reply->integer > 0;
 }
 
+std::optional<int64_t> RedisTier::expires_in_ms(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Connection* c = ready();
+  if (c == nullptr) return std::nullopt;
+  Reply reply(static_cast<redisReply*>(
+      redisCommand(c->context, "PTTL %b", key.data(), static_cast<std::size_t>(key.size()))));
+  if (!reply) {
+    lost(c->context->errstr);
+    return std::nullopt;
+  }
+  // PTTL: -2 absent, -1 no expiry, else the milliseconds left.
+  if (reply->type != REDIS_REPLY_INTEGER || reply->integer == -2) return std::nullopt;
+  return static_cast<int64_t>(reply->integer);
+}
+
 #else  // built without hiredis
 
 struct RedisTier::Connection {};
 
-RedisTier::RedisTier(std::string url, std::string host, int port, std::string secret)
-    : url_(std::move(url)), host_(std::move(host)), port_(port), secret_(std::move(secret)) {}
 RedisTier::~RedisTier() = default;
 
-std::unique_ptr<RedisTier> RedisTier::connect(const std::string& url, const std::string&) {
+std::unique_ptr<RedisTier> RedisTier::connect(const std::string& url, const std::string&, int64_t) {
   throw Error(ErrorKind::kInvalidArgument,
               "redis URL '" + url +
                   "': this promptcache was built without hiredis, so it has no Redis tier "
@@ -209,12 +246,31 @@ bool RedisTier::put_value(const std::string&, const std::string&) {
 bool RedisTier::contains(const std::string&) {
   return false;
 }
+std::optional<int64_t> RedisTier::expires_in_ms(const std::string&) {
+  return std::nullopt;
+}
 RedisTier::Connection* RedisTier::ready() {
   return nullptr;
 }
 void RedisTier::lost(const std::string&) {}
 
 #endif
+
+RedisTier::RedisTier(std::string url, std::string host, int port, std::string secret,
+                     int64_t ttl_seconds)
+    : url_(std::move(url)),
+      host_(std::move(host)),
+      port_(port),
+      secret_(std::move(secret)),
+      ttl_seconds_(ttl_seconds) {}
+
+void RedisTier::check_ttl(const std::string& url, int64_t ttl_seconds) {
+  if (ttl_seconds < 0 || ttl_seconds > kMaxTtlSeconds) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "redis " + url + ": the TTL must be from 1 to " + std::to_string(kMaxTtlSeconds) +
+                    " seconds (0: keys never expire), got " + std::to_string(ttl_seconds));
+  }
+}
 
 // The value format and its checks are LibTorch-free (sealed_states.hpp); here only the tensor.
 std::string RedisTier::encode(const std::string& key, const torch::Tensor& block,

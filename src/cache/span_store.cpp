@@ -62,17 +62,10 @@ std::map<std::size_t, std::string> span_keys(const pml::Layout& layout,
   return keys;
 }
 
-// One key's states in each tier, and its place in each tier's LRU list.
-// A slot's states in one memory tier, and its place in that tier's LRU list while held there.
-struct SpanStore::Residence {
-  SpanStates states;
-  bool held = false;
-  std::list<Slot*>::iterator at;
-};
-
+// A key the store knows: its states live in the tiers (host_, device_) under the key. A request
+// holds the slot (a Pin's reference) while it assembles its states.
 struct SpanStore::Slot {
   std::string key;
-  Residence host, device;
   int64_t owners = 0;  // SchemaSpans naming the key
 };
 
@@ -88,17 +81,23 @@ SpanStore::SpanStore(const LlamaModel& model, EncodingMode mode, int64_t chunk_t
       mode_(mode),
       chunk_tokens_(chunk_tokens),
       budgets_(budgets),
-      host_{{}, &Slot::host, &TierStats::host_bytes, &TierStats::host_spans, budgets.host_bytes},
-      device_{{},
-              &Slot::device,
-              &TierStats::device_bytes,
-              &TierStats::device_spans,
-              budgets.device_bytes},
+      // Evicted from host memory: dropped (when it is the top tier, its id is noted for the
+      // eviction listener).
+      host_(TierPolicy{"host", budgets.host_bytes,
+                       [this](const std::string&, const SpanStates& states) {
+                         if (!on_device()) evicted_.push_back(states.id);
+                       }}),
+      // Evicted from the device: demoted to host memory (unless it holds the span already),
+      // where host memory's budget applies next.
+      device_(TierPolicy{"device", budgets.device_bytes,
+                         [this](const std::string& key, const SpanStates& states) {
+                           evicted_.push_back(states.id);
+                           if (host_.find(key) != nullptr) return;
+                           host_.put(key, SpanStates::from_block(states.kv.to(torch::kCPU),
+                                                                 states.begin));
+                         }}),
       remote_(std::move(remote)) {
   if (remote_) stats_.remote = remote_->url();
-  if (budgets.host_bytes < 0 || budgets.device_bytes < 0) {
-    throw Error(ErrorKind::kInvalidArgument, "tier byte budgets must not be negative");
-  }
   stats_.max_host_bytes = budgets.host_bytes;
   stats_.max_device_bytes = on_device() ? budgets.device_bytes : 0;
 }
@@ -114,8 +113,8 @@ bool SpanStore::on_device() const {
   return !model_.device().is_cpu();
 }
 
-SpanStates& SpanStore::top(Slot& slot) const {
-  return (on_device() ? slot.device : slot.host).states;
+const SpanStates* SpanStore::top(const Slot& slot) const {
+  return top_tier().find(slot.key);
 }
 
 std::shared_ptr<const SchemaSpans> SpanStore::adopt(const pml::Layout& layout, CacheStore& states,
@@ -146,18 +145,19 @@ std::shared_ptr<const SchemaSpans> SpanStore::adopt(const pml::Layout& layout, C
   for (const auto& [span, given] : states.spans_of(name)) {
     const auto key = out->keys.find(span);
     if (key == out->keys.end()) continue;
-    Slot& slot = *slots_.at(key->second);
-    if (top(slot).kv.defined()) {
+    const Slot& slot = *slots_.at(key->second);
+    if (top(slot) != nullptr) {
       ++stats_.shared;
-      touch(slot);
+      touch(slot.key);
     } else {
-      put(top_tier(), slot, given);
+      top_tier().put(slot.key, given);
     }
-    canonical.emplace_back(span, top(slot));
+    canonical.emplace_back(span, *top(slot));
   }
   for (const auto& [span, s] : canonical) states.put(name, span, s);
   if (compiled) stats_.compiled_spans += static_cast<int64_t>(canonical.size());
   enforce_budgets();
+  const std::vector<uint64_t> evicted = take_evicted();
   if (remote_) {
     // Written without the lock (a network round trip per span); the states are the schema's.
     std::vector<std::pair<std::string, SpanStates>> missing;
@@ -175,26 +175,23 @@ std::shared_ptr<const SchemaSpans> SpanStore::adopt(const pml::Layout& layout, C
     lock.lock();
     stats_.remote_puts += puts;
   }
+  lock.unlock();
+  notify(evicted);
   return out;
 }
 
 bool SpanStore::load_remote(const pml::Layout& layout, CacheStore& states) {
   if (!remote_) return false;
-  const auto keys =
-      span_keys(layout, model_fingerprint(), model_.dtype(), model_.kv_dtype(), mode_);
-  const std::string layout_fp = layout_fingerprint(layout);
-  const auto& c = model_.config();
+  SchemaSpans schema;
+  schema.schema = layout.schema_name;
+  schema.keys = span_keys(layout, model_fingerprint(), model_.dtype(), model_.kv_dtype(), mode_);
+  schema.layout_fingerprint = layout_fingerprint(layout);
   std::map<std::size_t, SpanStates> got;
-  for (const auto& [span, key] : keys) {
-    const std::vector<int64_t> shape = {c.num_hidden_layers, 2, c.num_key_value_heads,
-                                        static_cast<int64_t>(layout.spans[span].size()),
-                                        c.head_dim};
-    auto block =
-        remote_->get(remote_key(fingerprint_, layout_fp, span, key), model_.kv_dtype(), shape);
-    if (!block) return false;
-    if (on_device()) *block = block->to(model_.kv_options());
-    got.emplace(span,
-                SpanStates::from_block(*block, static_cast<int64_t>(layout.spans[span].begin)));
+  for (const auto& [span, _] : schema.keys) {
+    bool rejected = false;
+    auto read = read_remote(layout, schema, span, rejected);
+    if (!read) return false;
+    got.emplace(span, std::move(*read));
   }
   states.erase_schema(layout.schema_name);
   for (auto& [span, s] : got) states.put(layout.schema_name, span, std::move(s));
@@ -208,8 +205,8 @@ void SpanStore::release(const std::vector<std::string>& keys) {
   for (const auto& key : keys) {
     auto it = slots_.find(key);
     if (it == slots_.end() || --it->second->owners > 0) continue;
-    drop(device_, *it->second);
-    drop(host_, *it->second);
+    device_.drop(key);
+    host_.drop(key);
     slots_.erase(it);  // a request holding it keeps its own reference until it ends
   }
 }
@@ -231,16 +228,19 @@ SpanStore::Pin SpanStore::pin(const pml::Layout& layout, const SchemaSpans& sche
       slot->key = key->second;
     }
     out.held_.push_back(slot);  // held from here on: never evicted under this request
-    if (top(*slot).kv.defined()) {
+    if (const SpanStates* states = top(*slot)) {
       ++stats_.hits;
-      touch(*slot);
-      out.states_.put(schema.schema, span, top(*slot));
+      touch(slot->key);
+      out.states_.put(schema.schema, span, *states);
     } else {
       ++stats_.misses;
       out.states_.put(schema.schema, span, promote(lock, slot, layout, schema, span));
     }
   }
   enforce_budgets();
+  const std::vector<uint64_t> evicted = take_evicted();
+  lock.unlock();
+  notify(evicted);
   return out;
 }
 
@@ -264,9 +264,29 @@ SpanStore::Pin::~Pin() {
 }
 
 void SpanStore::unpin(std::vector<SlotPtr>& held) {
+  std::vector<uint64_t> evicted;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    held.clear();  // under the lock: enforce_budgets counts holders
+    enforce_budgets();
+    evicted = take_evicted();
+  }
+  notify(evicted);
+}
+
+void SpanStore::set_eviction_listener(std::function<void(uint64_t id)> listener) {
   std::lock_guard<std::mutex> lock(mutex_);
-  held.clear();  // under the lock: enforce_budgets counts holders
-  enforce_budgets();
+  listener_ = std::move(listener);
+}
+
+void SpanStore::notify(const std::vector<uint64_t>& evicted) const {
+  if (!listener_) return;
+  for (uint64_t id : evicted) listener_(id);
+}
+
+bool SpanStore::resident(uint64_t id) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return top_tier().holds(id);
 }
 
 bool SpanStore::attached(const SlotPtr& slot) const {
@@ -277,132 +297,123 @@ bool SpanStore::attached(const SlotPtr& slot) const {
 SpanStates SpanStore::promote(std::unique_lock<std::mutex>& lock, const SlotPtr& slot,
                               const pml::Layout& layout, const SchemaSpans& schema,
                               std::size_t span) {
-  if (on_device() && slot->host.held) {
+  if (const SpanStates* host = on_device() ? host_.find(slot->key) : nullptr) {
     ++stats_.promotions;
-    const SpanStates& host = slot->host.states;
-    put(device_, *slot, SpanStates::from_block(host.kv.to(model_.kv_options()), host.begin));
-    return slot->device.states;
+    device_.put(slot->key, SpanStates::from_block(host->kv.to(model_.kv_options()), host->begin));
+    return *device_.find(slot->key);
   }
-  // Not stored in memory: re-read from the schema's cache file, else compiled again, without
-  // the lock (other requests go on meanwhile).
+  // Not stored in memory: read back from a lower tier (the schema's cache file, the remote
+  // store: the first that holds it), else compiled again, without the lock (other requests go
+  // on meanwhile).
+  struct Lower {
+    std::optional<SpanStates> (SpanStore::*read)(const pml::Layout&, const SchemaSpans&,
+                                                 std::size_t, bool&);
+    int64_t TierStats::*loads;
+    int64_t TierStats::*rejected;  // null: the tier counts its own (RedisTier::rejected)
+  };
+  static constexpr Lower kLower[] = {
+      {&SpanStore::read_file, &TierStats::file_loads, &TierStats::file_rejected},
+      {&SpanStore::read_remote, &TierStats::remote_loads, nullptr}};
   lock.unlock();
-  SpanStates got;
-  bool from_file = false, from_remote = false, file_rejected = false;
+  std::optional<SpanStates> got;
+  std::vector<int64_t TierStats::*> counts;  // added under the lock, whatever happens
+  const auto count = [&] {
+    lock.lock();
+    for (auto counter : counts) ++(stats_.*counter);
+  };
   try {
-    if (!schema.cache_file.empty() && std::filesystem::exists(schema.cache_file)) {
-      try {
-        got = load_cache_span(schema.cache_file, layout, span, model_, mode_,
-                              schema.layout_fingerprint, model_fingerprint());
-        from_file = true;
-      } catch (const Error& e) {
-        // Never served: a file changed or damaged since the schema was added is skipped.
-        std::cerr << "promptcache: warning: " << e.what() << "; compiling span " << span
-                  << " of schema '" << schema.schema << "' again\n";
-        file_rejected = true;
+    for (const Lower& lower : kLower) {
+      bool rejected = false;
+      got = (this->*lower.read)(layout, schema, span, rejected);
+      if (rejected && lower.rejected != nullptr) counts.push_back(lower.rejected);
+      if (got) {
+        counts.push_back(&TierStats::promotions);
+        counts.push_back(lower.loads);
+        break;
       }
     }
-    if (!from_file && remote_) {
-      const pml::Span& stored = layout.spans[span];
-      const auto& c = model_.config();
-      auto block = remote_->get(
-          remote_key(fingerprint_, schema.layout_fingerprint, span, schema.keys.at(span)),
-          model_.kv_dtype(),
-          {c.num_hidden_layers, 2, c.num_key_value_heads, static_cast<int64_t>(stored.size()),
-           c.head_dim});
-      if (block) {
-        if (on_device()) *block = block->to(model_.kv_options());
-        got = SpanStates::from_block(*block, static_cast<int64_t>(stored.begin));
-        from_remote = true;
-      }
-    }
-    if (!from_file && !from_remote) {
+    if (!got) {
       got = compile_span(model_, layout, span, mode_, chunk_tokens_);
+      counts.push_back(&TierStats::recompiles);
     }
   } catch (...) {
-    lock.lock();
-    if (file_rejected) ++stats_.file_rejected;
+    count();
     throw;
   }
-  lock.lock();
-  if (file_rejected) ++stats_.file_rejected;
-  if (from_file || from_remote) {
-    ++stats_.promotions;
-    ++(from_file ? stats_.file_loads : stats_.remote_loads);
-  } else {
-    ++stats_.recompiles;
-  }
-  if (!attached(slot)) return got;
+  count();
+  if (!attached(slot)) return *got;
   // Else another request brought it meanwhile.
-  if (!top(*slot).kv.defined()) put(top_tier(), *slot, std::move(got));
-  touch(*slot);
-  return top(*slot);
+  if (top(*slot) == nullptr) top_tier().put(slot->key, std::move(*got));
+  touch(slot->key);
+  return *top(*slot);
+}
+
+std::optional<SpanStates> SpanStore::read_file(const pml::Layout& layout, const SchemaSpans& schema,
+                                               std::size_t span, bool& rejected) {
+  if (schema.cache_file.empty() || !std::filesystem::exists(schema.cache_file)) return {};
+  try {
+    return load_cache_span(schema.cache_file, layout, span, model_, mode_,
+                           schema.layout_fingerprint, model_fingerprint());
+  } catch (const Error& e) {
+    // Never served: a file changed or damaged since the schema was added is skipped.
+    std::cerr << "promptcache: warning: " << e.what() << "; compiling span " << span
+              << " of schema '" << schema.schema << "' again\n";
+    rejected = true;
+    return {};
+  }
+}
+
+std::optional<SpanStates> SpanStore::read_remote(const pml::Layout& layout,
+                                                 const SchemaSpans& schema, std::size_t span,
+                                                 bool& /*rejected: RedisTier counts them*/) {
+  if (!remote_) return {};
+  const pml::Span& stored = layout.spans[span];
+  const auto& c = model_.config();
+  auto block = remote_->get(
+      remote_key(model_fingerprint(), schema.layout_fingerprint, span, schema.keys.at(span)),
+      model_.kv_dtype(),
+      {c.num_hidden_layers, 2, c.num_key_value_heads, static_cast<int64_t>(stored.size()),
+       c.head_dim});
+  if (!block) return {};
+  if (on_device()) *block = block->to(model_.kv_options());
+  return SpanStates::from_block(*block, static_cast<int64_t>(stored.begin));
 }
 
 uint64_t SpanStore::resident_id(const std::string& key) const {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = slots_.find(key);
   if (it == slots_.end()) return 0;
-  const SpanStates& s = top(*it->second);
-  return s.kv.defined() ? s.id : 0;
+  const SpanStates* s = top(*it->second);
+  return s != nullptr ? s->id : 0;
 }
 
-void SpanStore::put(MemoryTier& tier, Slot& slot, SpanStates states) {
-  drop(tier, slot);
-  Residence& r = slot.*tier.residence;
-  r.states = std::move(states);
-  stats_.*tier.bytes += r.states.bytes();
-  ++(stats_.*tier.spans);
-  tier.lru.push_front(&slot);
-  r.at = tier.lru.begin();
-  r.held = true;
+void SpanStore::touch(const std::string& key) {
+  host_.touch(key);
+  device_.touch(key);
 }
 
-void SpanStore::drop(MemoryTier& tier, Slot& slot) {
-  Residence& r = slot.*tier.residence;
-  if (!r.held) return;
-  stats_.*tier.bytes -= r.states.bytes();
-  --(stats_.*tier.spans);
-  tier.lru.erase(r.at);
-  r = Residence();
-}
-
-void SpanStore::touch(Slot& slot) {
-  for (MemoryTier* tier : {&host_, &device_}) {
-    const Residence& r = slot.*tier->residence;
-    if (r.held) tier->lru.splice(tier->lru.begin(), tier->lru, r.at);
-  }
-}
-
-void SpanStore::evict_over_budget(MemoryTier& tier, const std::function<void(Slot&)>& before_drop) {
-  if (tier.budget <= 0) return;
-  // A slot a request holds (a Pin's reference besides slots_') is skipped: it stays over budget
-  // until the request's assembly is done and a later request evicts it.
-  auto held = [&](const Slot& slot) { return slots_.at(slot.key).use_count() > 1; };
-  for (auto it = tier.lru.end(); stats_.*tier.bytes > tier.budget && it != tier.lru.begin();) {
-    Slot& slot = **--it;
-    if (held(slot)) continue;
-    if (before_drop) before_drop(slot);
-    drop(tier, slot);
-    ++stats_.evictions;
-    it = tier.lru.end();  // restart from the least recently used
-  }
+bool SpanStore::held(const std::string& key) const {
+  // A Pin's reference besides slots_'.
+  const auto it = slots_.find(key);
+  return it != slots_.end() && it->second.use_count() > 1;
 }
 
 void SpanStore::enforce_budgets() {
-  if (on_device()) {
-    evict_over_budget(device_, [&](Slot& slot) {
-      if (slot.host.held) return;
-      const SpanStates& states = slot.device.states;  // demoted to host memory
-      put(host_, slot, SpanStates::from_block(states.kv.to(torch::kCPU), states.begin));
-    });
-  }
-  evict_over_budget(host_, nullptr);
+  // The device first: what it evicts goes to host memory, whose budget applies next.
+  const auto is_held = [this](const std::string& key) { return held(key); };
+  if (on_device()) device_.evict_over_budget(is_held);
+  host_.evict_over_budget(is_held);
 }
 
 TierStats SpanStore::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   TierStats s = stats_;
   s.keys = static_cast<int64_t>(slots_.size());
+  s.host_spans = host_.metrics().spans;
+  s.host_bytes = host_.metrics().bytes;
+  s.device_spans = device_.metrics().spans;
+  s.device_bytes = device_.metrics().bytes;
+  s.evictions = host_.metrics().evictions + device_.metrics().evictions;
   s.remote_rejected = remote_ ? remote_->rejected() : 0;
   return s;
 }

@@ -54,7 +54,10 @@ Engine::Engine(std::unique_ptr<LlamaModel> model, std::unique_ptr<Tokenizer> tok
       *model_, options_.encoding, options_.compile_chunk_tokens,
       TierBudgets{options_.max_host_bytes, options_.max_device_bytes},
       options_.redis_url.empty() ? nullptr
-                                 : RedisTier::connect(options_.redis_url, options_.cache_secret));
+                                 : RedisTier::connect(options_.redis_url, options_.cache_secret,
+                                                      options_.redis_ttl_seconds));
+  // Evicted blocks leave the idle KV buffers too (give_back handles the busy ones).
+  spans_->set_eviction_listener([this](uint64_t id) { release_evicted(id); });
   const ModelConfig& config = model_->config();
   template_ = pml::chat_template(pml::choose_chat_template(
       options_.chat_template, config.chat_template, *tokenizer_, config.default_chat_template()));
@@ -209,6 +212,30 @@ void Engine::forget_buffers_of(const std::string& name) {
   }
 }
 
+namespace {
+
+// Cuts `cache` short before the first run of slots copied or read from a stored block that
+// `gone` says the span tiers no longer hold (evicted): a block read in place is let go with it,
+// and no later request could keep those slots anyway (a span brought back is a new block).
+template <typename Gone>
+void cut_before_gone(KVCache& cache, const Gone& gone) {
+  for (const SlotSource& s : cache.sources()) {
+    if (gone(s.source)) {
+      cache.truncate(s.slot);
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+void Engine::release_evicted(uint64_t id) {
+  std::lock_guard<std::mutex> lock(pool_mutex_);
+  for (auto& b : free_buffers_) {
+    cut_before_gone(b->cache, [id](uint64_t source) { return source == id; });
+  }
+}
+
 const pml::Layout& Engine::add_schema_file(const std::string& path,
                                            const ProgressCallback& progress,
                                            const std::string& cache_file) {
@@ -352,6 +379,9 @@ void Engine::give_back(std::unique_ptr<PooledBuffer> buffer, bool batch, bool fi
       buffer->entry = nullptr;
     }
   }
+  // Blocks evicted while the request ran (release_evicted sees only the free buffers). Checked
+  // under pool_mutex_: an eviction after this check finds the buffer in free_buffers_.
+  cut_before_gone(buffer->cache, [this](uint64_t source) { return !spans_->resident(source); });
   free_buffers_.push_back(std::move(buffer));
 }
 

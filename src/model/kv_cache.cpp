@@ -52,23 +52,34 @@ KVCache::KVCache(const KVCacheShape& shape, torch::TensorOptions options)
       shape.capacity < 0) {
     throw Error(ErrorKind::kInvalidArgument, "KV cache shape must be positive");
   }
-  allocate(shape.capacity);
+  reallocate(shape.batch, shape.capacity);
   positions_.reserve(shape.capacity);
 }
 
-void KVCache::allocate(int64_t capacity) {
-  // One buffer for all layers, K and V: [layers, 2, batch, kv_heads, capacity, head_dim]. The
+void KVCache::reallocate(int64_t rows, int64_t capacity) {
+  // One buffer for all layers, K and V: [layers, 2, rows, kv_heads, capacity, head_dim]. The
   // per-layer K/V tensors are views of it, and all_slots() copies a whole span in one call.
-  // Rows keep_rows dropped stay allocated, for add_rows to take back.
-  const int64_t rows = std::max(shape_.batch, rows_all_.defined() ? rows_all_.size(2) : 0);
+  const torch::Tensor old = all_;
   rows_all_ =
       torch::empty({shape_.layers, 2, rows, shape_.kv_heads, capacity, shape_.head_dim}, options_);
-  all_ = rows_all_.narrow(2, 0, shape_.batch);
-  k_.clear();
-  v_.clear();
+  shape_.capacity = capacity;
+  view_rows(shape_.batch);
+  if (!old.defined()) return;
+  // Only the slots the buffer itself holds: held runs were never written there.
+  for (const SlotRun& run : slot_runs(length_)) {
+    if (run.held != nullptr) continue;
+    all_.narrow(4, run.begin, run.count).copy_(old.narrow(4, run.begin, run.count));
+  }
+}
+
+void KVCache::view_rows(int64_t rows) {
+  shape_.batch = rows;
+  all_ = rows_all_.narrow(2, 0, rows);
+  k_.resize(static_cast<std::size_t>(shape_.layers));
+  v_.resize(static_cast<std::size_t>(shape_.layers));
   for (int64_t l = 0; l < shape_.layers; ++l) {
-    k_.push_back(all_[l][0]);
-    v_.push_back(all_[l][1]);
+    k_[l] = all_[l][0];
+    v_[l] = all_[l][1];
   }
 }
 
@@ -269,14 +280,8 @@ void KVCache::set_row_positions(int64_t row, int64_t begin, const std::vector<in
 
 void KVCache::reserve(int64_t capacity) {
   if (capacity <= shape_.capacity) return;
-  const torch::Tensor old = all_;
-  allocate(capacity);
-  // Only the slots the buffer itself holds: held runs were never written there.
-  for (const SlotRun& run : slot_runs(length_)) {
-    if (run.held != nullptr) continue;
-    all_.narrow(4, run.begin, run.count).copy_(old.narrow(4, run.begin, run.count));
-  }
-  shape_.capacity = capacity;
+  // Rows keep_rows dropped stay allocated, for add_rows to take back.
+  reallocate(rows_all_.defined() ? rows_all_.size(2) : shape_.batch, capacity);
 }
 
 void KVCache::clear() {
@@ -336,12 +341,7 @@ void KVCache::keep_rows(const std::vector<int64_t>& rows) {
     kept[0].clear();
     row_positions_ = std::move(kept);
   }
-  shape_.batch = static_cast<int64_t>(rows.size());
-  all_ = all_.narrow(2, 0, shape_.batch);
-  for (int64_t l = 0; l < shape_.layers; ++l) {
-    k_[l] = all_[l][0];
-    v_[l] = all_[l][1];
-  }
+  view_rows(static_cast<int64_t>(rows.size()));
 }
 
 void KVCache::add_rows(int64_t n) {
@@ -355,32 +355,11 @@ void KVCache::add_rows(int64_t n) {
                 "shape first)");
   }
   const int64_t old_rows = shape_.batch;
-  shape_.batch += n;
-  if (shape_.batch <= rows_all_.size(2)) {
-    all_ = rows_all_.narrow(2, 0, shape_.batch);
-    for (int64_t l = 0; l < shape_.layers; ++l) {
-      k_[l] = all_[l][0];
-      v_[l] = all_[l][1];
-    }
-  } else {
+  if (old_rows + n > rows_all_.size(2)) {
     // Twice the rows allocated before, so a batch growing row by row copies its states rarely.
-    const torch::Tensor old = all_;
-    const int64_t wanted = shape_.batch;
-    shape_.batch = std::max(wanted, 2 * rows_all_.size(2));
-    allocate(shape_.capacity);
-    shape_.batch = wanted;
-    all_ = rows_all_.narrow(2, 0, shape_.batch);
-    for (int64_t l = 0; l < shape_.layers; ++l) {
-      k_[l] = all_[l][0];
-      v_[l] = all_[l][1];
-    }
-    for (const SlotRun& run : slot_runs(length_)) {
-      if (run.held != nullptr) continue;
-      all_.narrow(2, 0, old_rows)
-          .narrow(4, run.begin, run.count)
-          .copy_(old.narrow(4, run.begin, run.count));
-    }
+    reallocate(std::max(old_rows + n, 2 * rows_all_.size(2)), shape_.capacity);
   }
+  view_rows(old_rows + n);
   if (length_ > 0) {
     // Existing rows that follow row 0 keep doing so (an empty entry); the new rows hold nothing.
     row_positions_.resize(static_cast<std::size_t>(shape_.batch));

@@ -47,6 +47,9 @@ expect 2 "--top-p: expects a number from 0 to 1, got 'nan'" -- "${run[@]}" --top
 expect 2 "--seed: expects a whole number from 0 to 18446744073709551615" -- "${run[@]}" --seed 99999999999999999999
 expect 2 "--threads: expects a whole number >= 0, got 'many'" -- "${run[@]}" --threads many
 expect 2 "frobnicate" -- "${run[@]}" --frobnicate
+expect 2 "--redis-ttl: expects whole seconds from 1 to" -- "${run[@]}" --redis redis://127.0.0.1:1 --cache-secret s --redis-ttl 1h
+expect 2 "--redis-ttl: expects whole seconds from 1 to" -- "${run[@]}" --redis redis://127.0.0.1:1 --cache-secret s --redis-ttl 0
+expect 2 "--redis-ttl: give --redis URL as well" -- "${run[@]}" --redis-ttl 60
 expect 2 "nothere.xml" -- run --model "$work/tiny" --schema "$work/nothere.xml" --prompt "$work/p.xml"
 expect 2 "nothere.xml" -- run --model "$work/tiny" --schema "$work/s.xml" --prompt "$work/nothere.xml"
 expect 2 "no model given" -- run --schema "$work/s.xml" --prompt "$work/p.xml"

@@ -4,6 +4,7 @@
 #include "support/catch_torch.hpp"
 
 #include <atomic>
+#include <map>
 #include <thread>
 
 #include "promptcache/cache/cache_file.hpp"
@@ -37,6 +38,18 @@ EngineOptions with_redis(const std::string& url, int64_t host_bytes = 0) {
   o.cache_secret = kSecret;
   o.max_host_bytes = host_bytes;
   return o;
+}
+
+// The remote store's key of each stored span of schema "trip" (span index -> key).
+std::map<std::size_t, std::string> remote_keys(const Engine& engine) {
+  const auto& layout = engine.layout("trip");
+  const auto model_fp = model_fingerprint(engine.model());
+  std::map<std::size_t, std::string> out;
+  for (const auto& [span, key] : span_keys(layout, model_fp, engine.model().dtype(),
+                                           engine.model().kv_dtype(), EncodingMode::kScaffold)) {
+    out.emplace(span, remote_key(model_fp, layout_fingerprint(layout), span, key));
+  }
+  return out;
 }
 
 torch::Tensor logits_of(Engine& engine, const std::string& xml) {
@@ -92,13 +105,8 @@ TEST_CASE("a damaged value in redis is a miss, never served", "[cache][redis]") 
   auto first = test::tiny_engine(1, with_redis(server.url()));
   first->add_schema_string(test::kTripSchema);
   // Every span's value with one byte of its states flipped.
-  const auto& layout = first->layout("trip");
-  const auto model_fp = model_fingerprint(first->model());
-  const auto keys = span_keys(layout, model_fp, first->model().dtype(), first->model().kv_dtype(),
-                              EncodingMode::kScaffold);
   auto redis = RedisTier::connect(server.url(), kSecret);
-  for (const auto& [span, key] : keys) {
-    const std::string remote = remote_key(model_fp, layout_fingerprint(layout), span, key);
+  for (const auto& [span, remote] : remote_keys(*first)) {
     std::string value = RedisTier::encode(remote, first->store().find("trip", span)->kv, kSecret);
     value[value.size() - 1] ^= 0x20;
     REQUIRE(redis->put_value(remote, value));
@@ -165,4 +173,81 @@ TEST_CASE("a redis server killed while requests run leaves every answer right", 
   CHECK(s.recompiles > 0);    // after it
   // And the engine keeps answering with redis gone.
   CHECK(engine->generate_xml(kPrompts[0], greedy()).tokens == expected[0]);
+}
+
+TEST_CASE("a redis TTL is checked", "[cache][redis]") {
+  CHECK_THROWS_WITH(RedisTier::connect("redis://127.0.0.1:1", kSecret, -1), Catch::Contains("TTL"));
+  CHECK_THROWS_WITH(
+      RedisTier::connect("redis://127.0.0.1:1", kSecret, RedisTier::kMaxTtlSeconds + 1),
+      Catch::Contains("TTL"));
+  CHECK(RedisTier::connect("redis://127.0.0.1:1", kSecret, 60)->ttl_seconds() == 60);
+}
+
+TEST_CASE("with a TTL, redis values expire unless used, and each use refreshes them",
+          "[cache][redis]") {
+  test::RedisServer server;
+  REQUIRE_REDIS(server);
+  const auto block = torch::arange(2 * 2 * 3 * 4, torch::kFloat32).reshape({2, 2, 1, 3, 4});
+  const std::vector<int64_t> shape = block.sizes().vec();
+  // Without one (the default), a value never expires.
+  auto forever = RedisTier::connect(server.url(), kSecret);
+  REQUIRE(forever->put("forever", block));
+  CHECK(forever->expires_in_ms("forever") == -1);
+  CHECK_FALSE(forever->expires_in_ms("absent").has_value());
+
+  auto tier = RedisTier::connect(server.url(), kSecret, 2);
+  REQUIRE(tier->put("used", block));
+  REQUIRE(tier->put("unused", block));
+  REQUIRE(tier->put("checked", block));
+  const auto left = tier->expires_in_ms("used");
+  REQUIRE(left.has_value());
+  CHECK(*left > 1000);
+  CHECK(*left <= 2000);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1300));
+  // A read and a check that finds the key both start its two seconds again.
+  CHECK(tier->expires_in_ms("used").value_or(0) <= 700);
+  const auto got = tier->get("used", torch::kFloat32, shape);
+  REQUIRE(got.has_value());
+  CHECK(torch::equal(*got, block));
+  CHECK(tier->contains("checked"));
+  CHECK(tier->expires_in_ms("used").value_or(0) > 1300);
+  CHECK(tier->expires_in_ms("checked").value_or(0) > 1300);
+  CHECK(tier->expires_in_ms("unused").value_or(0) <= 700);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  // "unused" is gone (2.3 s after it was written); the used ones are still there.
+  CHECK_FALSE(tier->get("unused", torch::kFloat32, shape).has_value());
+  CHECK_FALSE(tier->contains("unused"));
+  CHECK(tier->get("used", torch::kFloat32, shape).has_value());
+  CHECK(tier->contains("checked"));
+  CHECK(tier->rejected() == 0);  // expired is absent, not refused
+  CHECK(forever->expires_in_ms("forever") == -1);
+}
+
+TEST_CASE("an engine's spans expire from redis with its TTL, and are compiled again then",
+          "[cache][redis]") {
+  test::RedisServer server;
+  REQUIRE_REDIS(server);
+  EngineOptions options = with_redis(server.url());
+  options.redis_ttl_seconds = 2;
+  auto first = test::tiny_engine(1, options);
+  first->add_schema_string(test::kTripSchema);
+  REQUIRE(first->tier_stats().remote_puts > 0);
+  // Every value the engine wrote carries the TTL.
+  auto redis = RedisTier::connect(server.url(), kSecret);
+  for (const auto& [span, remote] : remote_keys(*first)) {
+    const auto left = redis->expires_in_ms(remote);
+    REQUIRE(left.has_value());
+    CHECK(*left > 0);
+    CHECK(*left <= 2000);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(2300));
+  auto second = test::tiny_engine(1, options);
+  second->add_schema_string(test::kTripSchema);
+  CHECK(second->compile_report("trip").source == "compiled");  // nothing left to load
+  CHECK(second->tier_stats().remote_loads == 0);
+  CHECK(second->tier_stats().remote_rejected == 0);
+  for (const auto& prompt : kPrompts) {
+    CHECK(second->generate_xml(prompt, greedy()).tokens ==
+          first->generate_xml(prompt, greedy()).tokens);
+  }
 }

@@ -1,8 +1,10 @@
 // Content-addressed spans in tiers with byte budgets (promptcache/cache/span_store.hpp): shared
 // spans stored once, tiny budgets that evict and bring spans back (from a cache file or compiled
-// again) without changing any answer, and concurrent requests under a tiny budget.
+// again) without changing any answer, concurrent requests under a tiny budget, and a pooled KV
+// buffer letting go of the evicted spans it read in place.
 #include "support/catch_torch.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <set>
@@ -257,4 +259,103 @@ TEST_CASE("concurrent requests under a tiny budget stay correct", "[cache][tiers
   const TierStats s = engine->tier_stats();
   CHECK(s.evictions > 0);
   CHECK(s.host_bytes <= 2048);
+}
+
+TEST_CASE("a pooled KV buffer lets go of the spans it read in place once they are evicted",
+          "[cache][tiers]") {
+  const std::string schema = R"(<schema name="s">
+  <module name="a">The river flows from the mountains to the sea, and the fish swim in it.</module>
+  <module name="b">Paris is the capital of France, a big city with many old houses.</module>
+</schema>)";
+  const std::string p1 = R"(<prompt schema="s"><a/>Where?</prompt>)";
+  const std::string p2 = R"(<prompt schema="s"><b/>Where?</prompt>)";
+  // A host budget for either prompt's spans, not for both: every span but the smaller module's.
+  int64_t budget_bytes = 0;
+  {
+    auto sizing = test::tiny_engine();
+    sizing->add_schema_string(schema);
+    const auto& layout = sizing->layout("s");
+    int64_t smaller = -1;
+    for (const char* m : {"a", "b"}) {
+      int64_t bytes = 0;
+      for (std::size_t span : layout.module(m).spans) {
+        if (const auto* s = sizing->store().find("s", span)) bytes += s->bytes();
+      }
+      REQUIRE(bytes > 0);
+      smaller = smaller < 0 ? bytes : std::min(smaller, bytes);
+    }
+    budget_bytes = sizing->store().bytes("s") - smaller;
+  }
+  auto engine = test::tiny_engine(1, budget(budget_bytes));
+  engine->add_schema_string(schema);
+  // The stored blocks a prompt reads in place, seen through a KV cache of the test's own (not
+  // the pool's): weak references, which expire when the last holder lets go.
+  using Weak = c10::weak_intrusive_ptr<c10::StorageImpl>;
+  struct Blocks {
+    int64_t in_place = 0;
+    std::vector<const c10::StorageImpl*> at;  // where each block lies
+    std::vector<Weak> weak;                   // the same blocks
+  };
+  const auto blocks_of = [&](const std::string& xml) {
+    const auto resolved = engine->resolve(pml::parse_prompt_string(xml));
+    KVCache cache = engine->model().make_cache(0);
+    Blocks out;
+    out.in_place = engine->prefill(resolved, cache, true).assembled.in_place_tokens;
+    const auto segments = cache.segments(0, cache.length());
+    // The fresh tokens come last, in the cache's own buffer; the other runs are stored blocks.
+    const auto* own = segments.back().keys.storage().unsafeGetStorageImpl();
+    for (const auto& s : segments) {
+      const auto* at = s.keys.storage().unsafeGetStorageImpl();
+      if (at == own || std::find(out.at.begin(), out.at.end(), at) != out.at.end()) continue;
+      out.at.push_back(at);
+      out.weak.push_back(s.keys.storage().getWeakStorageImpl());
+    }
+    return out;
+  };
+  // Each of a's blocks is released, or still stored because b uses it too.
+  const auto released_unless_in = [](const Blocks& a, const Blocks& b) {
+    int64_t released = 0;
+    for (std::size_t i = 0; i < a.weak.size(); ++i) {
+      if (std::find(b.at.begin(), b.at.end(), a.at[i]) != b.at.end()) continue;
+      CHECK(a.weak[i].expired());
+      released += a.weak[i].expired() ? 1 : 0;
+    }
+    return released;
+  };
+  SamplingParams one;
+  one.max_new_tokens = 2;
+  one.stop_at_eos = false;
+
+  const Blocks a = blocks_of(p1);
+  if (a.in_place == 0) {
+    WARN("SKIPPED: the fused CPU attention does not read this model's states in place here");
+    return;
+  }
+  REQUIRE_FALSE(a.weak.empty());
+  REQUIRE(engine->generate_xml(p1, one).in_place_tokens > 0);  // the pool's buffer reads a
+  for (const Weak& w : a.weak) CHECK_FALSE(w.expired());       // the tier, the pooled buffer
+  // While the buffer sits in the pool: b's spans come in (outside the pool), a's are evicted.
+  int64_t evictions = engine->tier_stats().evictions;
+  const Blocks b = blocks_of(p2);
+  CHECK(engine->tier_stats().evictions > evictions);
+  CHECK(released_unless_in(a, b) > 0);
+
+  // While the request runs: a's spans (promoted again) are evicted as it decodes, and let go
+  // when it gives its buffer back.
+  const Blocks a2 = blocks_of(p1);
+  Blocks b2;
+  evictions = engine->tier_stats().evictions;
+  const auto during = engine->generate_xml(p1, one, [&](TokenId, const std::string&) {
+    if (b2.weak.empty()) b2 = blocks_of(p2);
+    return true;
+  });
+  REQUIRE(during.in_place_tokens > 0);
+  CHECK(engine->tier_stats().evictions > evictions);
+  CHECK(released_unless_in(a2, b2) > 0);
+  // And the answers are those of an engine without a budget.
+  auto reference = test::tiny_engine();
+  reference->add_schema_string(schema);
+  for (const auto& prompt : {p1, p2}) {
+    CHECK(engine->generate_xml(prompt, one).tokens == reference->generate_xml(prompt, one).tokens);
+  }
 }

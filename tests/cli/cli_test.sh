@@ -512,6 +512,19 @@ import json, sys
 w, local = (json.load(open(f)) for f in sys.argv[1:3])
 assert w["token_ids"] == local["token_ids"]
 PY
+    # --redis-ttl: every value a compile writes carries the TTL (checked with redis-cli).
+    "$pc" compile "$src/schemas/trip.xml" --model "$work/tiny" --redis "$url" --redis-ttl 100 --force >/dev/null 2>"$work/e" || fail "compile --redis-ttl: $(cat "$work/e")"
+    if cli=$(command -v redis-cli); then
+      n=0
+      for k in $("$cli" -p "$port" --scan --pattern 'promptcache:span:*'); do
+        ttl=$("$cli" -p "$port" TTL "$k")
+        [ "$ttl" -gt 0 ] && [ "$ttl" -le 100 ] || fail "key $k has TTL $ttl after compile --redis-ttl 100"
+        n=$((n + 1))
+      done
+      [ "$n" -gt 0 ] || fail "no span keys in Redis"
+    else
+      echo "WARN: redis-cli missing: the TTL of the keys was not checked"
+    fi
     ;;
   eval_stories260k)
     # examples/eval on the real model: every row answered once, scores that are log-probabilities,

@@ -27,6 +27,10 @@
 #include "fuzz/fuzz_entries.hpp"
 #include "promptcache/error.hpp"
 
+namespace promptcache::fuzz {
+const char* replay_dir();  // tests/fuzz in this checkout (replay_dir.cpp)
+}  // namespace promptcache::fuzz
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -101,7 +105,7 @@ int main(int argc, char** argv) {
     ::setenv("PROMPTCACHE_FUZZ_VERBOSE", "1", 1);
     args.erase(args.begin());
   }
-  const fs::path fuzz_dir = PROMPTCACHE_FUZZ_DIR;
+  const fs::path fuzz_dir = promptcache::fuzz::replay_dir();
   if (!args.empty() && args[0] == "--write-seeds") {
     if (args.size() != 2) {
       std::cerr << "usage: fuzz_replay --write-seeds CORPUS_ROOT\n";

@@ -237,3 +237,60 @@ TEST_CASE("KV cache add_rows keeps the rows it has and adds empty, usable ones",
                     Catch::Contains("add_rows") && Catch::Contains("no buffer"));
   CHECK(unallocated.shape().batch == 1);
 }
+
+TEST_CASE("KV cache growth keeps held runs by reference and dropped rows for add_rows",
+          "[kv_cache]") {
+  torch::manual_seed(8);
+  // Three rows: 4 slots held by reference, then one token of each row's own in the buffer.
+  KVCache cache = make(6, 3);
+  const auto a = block(4);
+  cache.append_block(a, range(0, 4));
+  const auto own = torch::randn({3, kHeads, 1, kDim});
+  for (int64_t l = 0; l < kLayers; ++l) cache.write_pending(l, own * (l + 1), own * (l + 2));
+  cache.commit({10});
+  // Row r of the expected keys of layer l: a's keys, then own[rows[r]] * (l + 1).
+  const auto expected_keys = [&](int64_t l, const std::vector<int64_t>& rows) {
+    std::vector<torch::Tensor> out;
+    for (int64_t r : rows) {
+      out.push_back(torch::cat({a[l][0].unsqueeze(0), (own[r] * (l + 1)).unsqueeze(0)}, 2));
+    }
+    return torch::cat(out, 0);
+  };
+
+  // Two rows dropped, then the slots grown: the rows keep_rows let go stay allocated.
+  cache.keep_rows({0, 2});
+  cache.reserve(16);
+  CHECK(cache.capacity() == 16);
+  CHECK(cache.shape().batch == 2);
+  CHECK(cache.block_slots() == 4);  // still by reference: reserve copied only the buffer's slots
+  const void* buffer = cache.all_slots(4, 1).data_ptr();
+  cache.add_rows(1);  // taken back: no new buffer
+  CHECK(cache.all_slots(4, 1).data_ptr() == buffer);
+  CHECK(cache.shape().batch == 3);
+  CHECK(cache.block_slots() == 4);
+  for (int64_t l = 0; l < kLayers; ++l) {
+    auto [k, v] = joined(cache, l, 5);
+    CHECK(torch::equal(k.narrow(0, 0, 2), expected_keys(l, {0, 2})));
+  }
+  CHECK(cache.row_positions(2) == std::vector<int64_t>(5, -1));
+
+  // Beyond the rows allocated: a new buffer of twice the rows, the capacity kept, the held run
+  // still by reference and the buffer's slots of the old rows copied over.
+  cache.add_rows(2);
+  CHECK(cache.shape().batch == 5);
+  CHECK(cache.capacity() == 16);
+  CHECK(cache.all_slots(4, 1).data_ptr() != buffer);
+  CHECK(cache.block_slots() == 4);
+  for (int64_t l = 0; l < kLayers; ++l) {
+    auto [k, v] = joined(cache, l, 5);
+    CHECK(k.size(0) == 5);
+    CHECK(torch::equal(k.narrow(0, 0, 2), expected_keys(l, {0, 2})));
+    CHECK(torch::equal(cache.keys(l).narrow(0, 0, 2), expected_keys(l, {0, 2})));
+  }
+  // And it writes and reads at its new width.
+  const auto token = torch::randn({5, kHeads, 1, kDim});
+  for (int64_t l = 0; l < kLayers; ++l) cache.write_pending(l, token * (l + 1), token * (l + 2));
+  cache.commit({11});
+  CHECK(cache.length() == 6);
+  CHECK(torch::equal(cache.values(1).narrow(2, 5, 1), token * 3));
+}

@@ -16,6 +16,10 @@
 // span is compiled again and its value replaced. A server that
 // cannot be reached, or that goes away, is a miss too (one warning; the other tiers serve, and
 // the connection is tried again after a pause): never an error, never a wrong answer.
+// With a TTL (connect's ttl_seconds, the CLI's --redis-ttl), every value is stored with that
+// expiry and each use refreshes it (a read that finds it, a check that finds it there before a
+// write is skipped): spans no process uses for that long leave the server on their own. Without
+// one, keys never expire and the Redis server's own policy (maxmemory) is the only limit.
 // Built with hiredis (Debian libhiredis-dev); without it, RedisTier::connect refuses with an
 // error saying so.
 #pragma once
@@ -41,7 +45,13 @@ class RedisTier {
   // at the first use, not an error here. Ignores SIGPIPE process-wide unless the program
   // installed a handler (a write to a server that went away must be an error, not the end).
   // `secret`: the deployment's MAC key (any bytes); Error(kInvalidArgument) when empty.
-  static std::unique_ptr<RedisTier> connect(const std::string& url, const std::string& secret);
+  // `ttl_seconds`: each value's expiry, refreshed on use (0: none); Error(kInvalidArgument)
+  // outside [0, kMaxTtlSeconds].
+  static std::unique_ptr<RedisTier> connect(const std::string& url, const std::string& secret,
+                                            int64_t ttl_seconds = 0);
+  static constexpr int64_t kMaxTtlSeconds = int64_t{10} * 365 * 24 * 3600;  // ten years
+  // Error(kInvalidArgument) unless 0 <= ttl_seconds <= kMaxTtlSeconds (`url` names the tier).
+  static void check_ttl(const std::string& url, int64_t ttl_seconds);
   ~RedisTier();
   RedisTier(const RedisTier&) = delete;
   RedisTier& operator=(const RedisTier&) = delete;
@@ -55,8 +65,12 @@ class RedisTier {
   bool put(const std::string& key, const torch::Tensor& block);
   // Stores `value` as it is (put() stores encode(block); tests store damaged values).
   bool put_value(const std::string& key, const std::string& value);
-  // Whether `key` is stored (false when unreachable).
+  // Whether `key` is stored (false when unreachable); with a TTL, refreshes it when it is.
   bool contains(const std::string& key);
+  // The milliseconds before `key` expires: -1 when it never does, nullopt when it is absent or
+  // the server unreachable (tests and tools; counts as no use).
+  std::optional<int64_t> expires_in_ms(const std::string& key);
+  int64_t ttl_seconds() const { return ttl_seconds_; }
   const std::string& url() const { return url_; }
   // Values get() refused because they failed a check (not absent ones, not an unreachable
   // server), since connect().
@@ -80,7 +94,7 @@ class RedisTier {
                             const std::string& secret);
 
  private:
-  RedisTier(std::string url, std::string host, int port, std::string secret);
+  RedisTier(std::string url, std::string host, int port, std::string secret, int64_t ttl_seconds);
   struct Connection;
   // The connection, (re)made when down and the retry pause is over; null when unreachable.
   Connection* ready();
@@ -89,6 +103,7 @@ class RedisTier {
   std::string url_, host_;
   int port_ = 0;
   std::string secret_;
+  int64_t ttl_seconds_ = 0;
   std::atomic<int64_t> rejected_{0};
   std::mutex mutex_;  // one command at a time on the one connection
   std::unique_ptr<Connection> connection_;

@@ -16,25 +16,29 @@
 // Device and host tiers have byte budgets (0: no limit): a request promotes the spans it uses
 // into the top tier and holds them (pin) while its states are assembled, and the least recently
 // used spans no request holds are evicted when a tier is over budget (from the device to the
-// host, from the host to nothing). Evicting drops the store's reference only: a request whose KV
-// cache still reads a span keeps its memory alive (tensors are reference counted) until it ends.
+// host, from the host to nothing). Both are one Tier (tier.hpp: budget, LRU, eviction, metrics)
+// with its policy; the file and the remote store are lower tiers read the same way (promote).
+// Evicting drops the store's reference only: a request whose KV cache still reads a span keeps its
+// memory alive (tensors are reference counted) until it ends.
 #pragma once
 
 #include <torch/types.h>
 
 #include <cstdint>
 #include <functional>
-#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "promptcache/cache/compiler.hpp"
 #include "promptcache/cache/redis_tier.hpp"
 #include "promptcache/cache/store.hpp"
+#include "promptcache/cache/tier.hpp"
 #include "promptcache/model/llama.hpp"
 #include "promptcache/pml/layout.hpp"
 
@@ -121,6 +125,12 @@ class SpanStore {
   // The id of the top tier's states of `key` (SpanStates::id), 0 when not there; no stats, no
   // change in the LRU order.
   uint64_t resident_id(const std::string& key) const;
+  // Whether the top tier holds the block with this id (SpanStates::id).
+  bool resident(uint64_t id) const;
+  // Called with the id of each block evicted from the top tier, after the store's lock is
+  // released (so it may take locks of its own, and call the store): the engine's KV buffer pool
+  // lets go of the blocks its idle buffers read in place. Set once, before the store is used.
+  void set_eviction_listener(std::function<void(uint64_t id)> listener);
 
   TierStats stats() const;
   // Counts a states file that failed its checks (TierStats::file_rejected): the engine's, when
@@ -154,31 +164,33 @@ class SpanStore {
 
  private:
   bool on_device() const;
-  SpanStates& top(Slot& slot) const;
+  // The memory tier requests read: the device's when the model is not on the CPU, else host
+  // memory's.
+  Tier& top_tier() { return on_device() ? device_ : host_; }
+  const Tier& top_tier() const { return on_device() ? device_ : host_; }
+  // The top tier's states of `slot`, null when it holds none.
+  const SpanStates* top(const Slot& slot) const;
   // Brings `slot` into the top tier (lock held, released while a file is read or a span
   // compiled; `lock` is locked again on return) and returns its states there (for a slot
   // released meanwhile: the states brought, not stored).
   SpanStates promote(std::unique_lock<std::mutex>& lock, const SlotPtr& slot,
                      const pml::Layout& layout, const SchemaSpans& schema, std::size_t span);
+  // The lower tiers promote() reads a span missing from memory back from, in this order before
+  // it compiles the span again: the span's states (on the model's device), or nullopt when the
+  // tier does not hold them or they failed their checks (then `rejected`, for the file; the
+  // remote store counts its own). Called without the lock.
+  std::optional<SpanStates> read_file(const pml::Layout& layout, const SchemaSpans& schema,
+                                      std::size_t span, bool& rejected);
+  std::optional<SpanStates> read_remote(const pml::Layout& layout, const SchemaSpans& schema,
+                                        std::size_t span, bool& rejected);
   bool attached(const SlotPtr& slot) const;  // still slots_' own
-  struct Residence;
-  // One memory tier (host memory, the device): the slots it holds, most recently used first,
-  // where a slot keeps its states for it, its counters in stats_ and its budget (0: none).
-  struct MemoryTier {
-    std::list<Slot*> lru;
-    Residence Slot::*residence;
-    int64_t TierStats::*bytes;
-    int64_t TierStats::*spans;
-    int64_t budget;
-  };
-  MemoryTier& top_tier() { return on_device() ? device_ : host_; }
-  void put(MemoryTier& tier, Slot& slot, SpanStates states);
-  void drop(MemoryTier& tier, Slot& slot);
-  void touch(Slot& slot);  // most recently used in every tier that holds it
-  // Drops tier's least recently used slots that no request holds until it is within budget;
-  // `before_drop` sees each first (the device demotes it to host memory).
-  void evict_over_budget(MemoryTier& tier, const std::function<void(Slot&)>& before_drop);
+  bool held(const std::string& key) const;   // a request holds it (a Pin's reference)
+  void touch(const std::string& key);        // most recently used in every tier that holds it
   void enforce_budgets();
+  // The ids evicted from the top tier since the last call (lock held), for notify() after the
+  // lock is released.
+  std::vector<uint64_t> take_evicted() { return std::exchange(evicted_, {}); }
+  void notify(const std::vector<uint64_t>& evicted) const;
   void release(const std::vector<std::string>& keys);
   void unpin(std::vector<SlotPtr>& held);
 
@@ -190,7 +202,11 @@ class SpanStore {
   std::string fingerprint_;
   mutable std::mutex mutex_;
   std::unordered_map<std::string, SlotPtr> slots_;
-  MemoryTier host_, device_;
+  // The memory tiers, one Tier each with its policy: the device demotes what it evicts to host
+  // memory; host memory drops it (the lower tiers serve it again).
+  Tier host_, device_;
+  std::vector<uint64_t> evicted_;  // see take_evicted
+  std::function<void(uint64_t)> listener_;
   TierStats stats_;
   std::unique_ptr<RedisTier> remote_;
 };

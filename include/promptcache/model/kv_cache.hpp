@@ -141,7 +141,13 @@ class KVCache {
     int64_t count = 0;
     std::vector<torch::Tensor> k, v;  // per layer: [1, kv_heads, n, head_dim] views of kv
   };
-  void allocate(int64_t capacity);
+  // A new buffer of `rows` batch rows and `capacity` slots (at least the current ones) holding
+  // the current rows' filled slots (those the buffer itself holds); then view_rows(batch).
+  // Every growth goes through here: the constructor, reserve and add_rows.
+  void reallocate(int64_t rows, int64_t capacity);
+  // Makes the first `rows` allocated rows the batch: all_, k_ and v_ become views of them.
+  // Every narrowing goes through here: reallocate, keep_rows and add_rows.
+  void view_rows(int64_t rows);
   // Slots [begin, begin + count), held by `held` (its first count slots) or, when null, by the
   // buffer itself.
   struct SlotRun {
