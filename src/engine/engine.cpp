@@ -418,7 +418,8 @@ Response Engine::generate(const pml::Prompt& prompt, const SamplingParams& param
       schema.get(), resolved, cache, request.use_cache, extra,
       AssembleOptions{request.reuse_buffer, request.in_place},
       RecomputeOptions{request.recompute.value_or(schema->layout.recompute.value_or(0)),
-                       request.recompute_criterion, request.recompute_select_layer});
+                       request.recompute_criterion, request.recompute_select_layer,
+                       request.recompute_first_k});
   buffer->schema = request.use_cache ? resolved.schema : "";
   buffer->entry = request.use_cache ? schema.get() : nullptr;
   GenerationTimings gt;

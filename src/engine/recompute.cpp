@@ -82,17 +82,26 @@ torch::Tensor rotate_half(const torch::Tensor& x) {
 
 // Moves the cached slots to their baseline positions: keys are stored with RoPE at their
 // reserved position, and RoPE(to) = RoPE(to - from) o RoPE(from), so rotating by the difference
-// re-encodes them; values carry no position. Every slot is copied into the buffer first (a slot
-// held in the store's block is materialized, never written there).
+// re-encodes them; values carry no position. Only the slots from the first to the last one whose
+// position changes are touched (the modules before the first gap stay where they are, read in
+// place from the store when they were): those are copied into the buffer first (a slot held in
+// the store's block is materialized, never written there).
 void move_to_baseline(const LlamaModel& model, KVCache& cache, const std::vector<int64_t>& to) {
   const auto n = static_cast<int64_t>(to.size());
   if (n == 0) return;
+  int64_t lo = n, hi = -1;
   std::vector<int64_t> delta(to.size());
-  for (int64_t s = 0; s < n; ++s) delta[s] = to[s] - cache.positions()[s];
-  auto all = cache.all_slots(0, n);  // [layers, 2, 1, kv_heads, n, d]
-  if (std::any_of(delta.begin(), delta.end(), [](int64_t d) { return d != 0; })) {
-    auto [cos, sin] = model.rope_tables(torch::tensor(delta, torch::kInt64));  // [n, d] f32
-    auto keys = all.select(1, 0);
+  for (int64_t s = 0; s < n; ++s) {
+    delta[s] = to[s] - cache.positions()[s];
+    if (delta[s] != 0) {
+      lo = std::min(lo, s);
+      hi = s;
+    }
+  }
+  if (hi >= lo) {
+    std::vector<int64_t> moved(delta.begin() + lo, delta.begin() + hi + 1);
+    auto [cos, sin] = model.rope_tables(torch::tensor(moved, torch::kInt64));  // [m, d] f32
+    auto keys = cache.all_slots(lo, hi + 1 - lo).select(1, 0);  // [layers, 1, kv_heads, m, d]
     auto k = keys.to(torch::kFloat32);
     keys.copy_(k * cos + rotate_half(k) * sin);
   }
@@ -246,8 +255,46 @@ std::vector<int64_t> top_slots(const std::vector<double>& score, int64_t count) 
   return order;
 }
 
+// The firstk criterion (EPIC): the first `k` tokens of every run that does not start the schema,
+// round-robin by offset, at most `count`.
+std::vector<int64_t> first_k_slots(const SlotRuns& runs, int64_t k, int64_t count) {
+  std::vector<double> score = boundary_scores(runs);
+  int64_t eligible = 0;
+  for (std::size_t s = 0; s < score.size(); ++s) {
+    if (runs.schema_start[s] || runs.offset[s] >= k) {
+      score[s] = -std::numeric_limits<double>::infinity();
+    } else {
+      ++eligible;
+    }
+  }
+  return top_slots(score, std::min(count, eligible));
+}
+
+// `first` (in slot order), then the best of `score` among the other slots up to `count` in all.
+std::vector<int64_t> first_then_best(std::vector<int64_t> first, std::vector<double> score,
+                                     int64_t count) {
+  for (int64_t s : first) score[s] = -std::numeric_limits<double>::infinity();
+  const auto rest = top_slots(score, count - static_cast<int64_t>(first.size()));
+  first.insert(first.end(), rest.begin(), rest.end());
+  std::sort(first.begin(), first.end());
+  return first;
+}
+
+// How many tokens the gradual criterion recomputes on each of `layers` layers: 1.5x `count` on
+// the first, linearly down to 0.5x on the last (`count` on average), within [1, cached].
+std::vector<int64_t> gradual_sizes(int64_t count, int64_t cached, int64_t layers) {
+  std::vector<int64_t> sizes;
+  for (int64_t i = 0; i < layers; ++i) {
+    const double share = layers == 1 ? 1.0 : 1.5 - static_cast<double>(i) / (layers - 1);
+    const auto size = static_cast<int64_t>(std::llround(share * static_cast<double>(count)));
+    sizes.push_back(std::clamp<int64_t>(size, 1, cached));
+  }
+  return sizes;
+}
+
 // The chosen slots, in slot order, with `cache` already at the baseline positions (`runs` read
-// before the move); `pass` receives the deviation pass when one ran.
+// before the move); `pass` receives the deviation pass when one ran. For the gradual criterion,
+// the slots its first layer recomputes.
 std::vector<int64_t> choose(const LlamaModel& model, const pml::ResolvedPrompt& resolved,
                             const BaselineMap& map, const AssembledPrompt& assembled,
                             KVCache& cache, const SlotRuns& runs, int64_t count,
@@ -266,17 +313,32 @@ std::vector<int64_t> choose(const LlamaModel& model, const pml::ResolvedPrompt& 
       return top_slots(std::vector<double>(runs.reserved.begin(), runs.reserved.end()), count);
     case RecomputeCriterion::kAttention:
       return top_slots(attention_scores(model, map, assembled, cache, runs), count);
+    case RecomputeCriterion::kFirstK:
+      return first_k_slots(runs, options.first_k, count);
     case RecomputeCriterion::kDeviation:
     case RecomputeCriterion::kImpact:
+    case RecomputeCriterion::kFirstKDeviation:
+    case RecomputeCriterion::kFirstKImpact:
+    case RecomputeCriterion::kGradual:
       break;
   }
   DeviationPass local = deviation_pass(model, resolved, map, cache, options.select_layer);
-  if (options.criterion == RecomputeCriterion::kImpact) {
+  if (options.criterion == RecomputeCriterion::kImpact ||
+      options.criterion == RecomputeCriterion::kFirstKImpact) {
     // Weighted by the attention the fresh tokens pay on the layers the pass leaves stale.
     const auto mass = attention_mass(model, map, assembled, cache, local.kv_layers);
     for (std::size_t s = 0; s < mass.size(); ++s) local.score[s] *= mass[s];
   }
-  auto slots = top_slots(local.score, count);
+  std::vector<int64_t> slots;
+  if (options.criterion == RecomputeCriterion::kFirstKDeviation ||
+      options.criterion == RecomputeCriterion::kFirstKImpact) {
+    slots = first_then_best(first_k_slots(runs, options.first_k, count), local.score, count);
+  } else if (options.criterion == RecomputeCriterion::kGradual) {
+    const int64_t layers = model.config().num_hidden_layers - local.layers;
+    slots = top_slots(local.score, gradual_sizes(count, cached, std::max<int64_t>(layers, 1))[0]);
+  } else {
+    slots = top_slots(local.score, count);
+  }
   if (pass != nullptr) *pass = std::move(local);
   return slots;
 }
@@ -294,6 +356,133 @@ std::vector<int64_t> move_and_choose(const LlamaModel& model, const pml::Resolve
   return choose(model, resolved, map, assembled, cache, runs, count, options, pass);
 }
 
+// The pass's K/V of its layers [from, pass.kv_layers) into slots [0, order.size()) of `cache`:
+// slot i takes baseline token order[i]'s (they are the full-context ones).
+void pass_states_into(const DeviationPass& pass, KVCache& cache, int64_t from,
+                      const std::vector<int64_t>& order, const LlamaModel& model) {
+  if (order.empty()) return;
+  auto index = torch::tensor(order, torch::kInt64).to(model.device());
+  const auto count = static_cast<int64_t>(order.size());
+  const int64_t n = pass.scratch.length();
+  for (int64_t l = from; l < pass.kv_layers; ++l) {
+    cache.key_slots(l, 0, count).copy_(pass.scratch.key_slots(l, 0, n).index_select(2, index));
+    cache.value_slots(l, 0, count).copy_(pass.scratch.value_slots(l, 0, n).index_select(2, index));
+  }
+}
+
+// The gradual criterion's forward (CacheBlend's gradual filtering), after the deviation pass
+// chose `slots` (its first layer's set, the last prompt token's slot included when it is a
+// cached one): the slots and the fresh tokens run one layer at a time from the pass's last
+// layer on, each seeing by position the earlier slots not in the set and the earlier new tokens.
+// Before each later layer the set shrinks to gradual_sizes(): the slots whose K/V on that layer,
+// projected from their new hidden states, deviate most from the stored ones stay. Each layer's
+// K/V go to the slots of the set; the fresh tokens' are kept aside until they are put after the
+// cached slots. Returns the logits after the last prompt token; `recomputed` receives the mean
+// set size over the layers run.
+torch::Tensor gradual_prefill(const LlamaModel& model, const pml::ResolvedPrompt& resolved,
+                              const BaselineMap& map, const AssembledPrompt& assembled,
+                              KVCache& cache, const DeviationPass& pass, std::vector<int64_t> slots,
+                              int64_t count, int64_t* recomputed) {
+  const auto cached = static_cast<int64_t>(map.cached_position.size());
+  const auto n = static_cast<int64_t>(resolved.baseline.size());
+  const int64_t layers = model.config().num_hidden_layers, first = pass.layers;
+  const auto sizes = gradual_sizes(count, cached, std::max<int64_t>(layers - first, 1));
+  // The pass's K/V of select_layer (projected only): what the set reads there.
+  std::vector<int64_t> cached_order = map.cached_position;
+  pass_states_into(pass, cache, first, cached_order, model);
+  torch::Tensor hidden = pass.hidden.clone();  // [1, n, hidden] by baseline position
+  std::vector<torch::Tensor> fresh_keys(layers), fresh_values(layers);
+  std::vector<int64_t> fresh_positions;
+  torch::Tensor logits;
+  int64_t total = 0;
+  const auto device = model.device();
+  for (int64_t l = first; l < layers; ++l) {
+    const auto keep = static_cast<std::size_t>(sizes[static_cast<std::size_t>(l - first)]);
+    if (l > first && keep < slots.size()) {
+      std::vector<int64_t> at;
+      for (int64_t s : slots) at.push_back(map.cached_position[s]);
+      auto pos = torch::tensor(at, torch::kInt64);
+      auto [keys, values] =
+          model.layer_key_values(l, hidden.index_select(1, pos.to(device)), pos.unsqueeze(0));
+      auto index = torch::tensor(slots, torch::kInt64).to(device);
+      auto diff = [&](const torch::Tensor& now, const torch::Tensor& stored) {
+        auto d = now.to(torch::kFloat32) - stored.index_select(2, index).to(torch::kFloat32);
+        return d.pow(2).sum({0, 1, 3});
+      };
+      auto score = (diff(keys, cache.key_slots(l, 0, cached)) +
+                    diff(values, cache.value_slots(l, 0, cached)))
+                       .to(torch::kCPU, torch::kFloat64)
+                       .contiguous();
+      std::vector<double> ranked(score.data_ptr<double>(), score.data_ptr<double>() + slots.size());
+      for (std::size_t i = 0; i < slots.size(); ++i) {  // the last prompt token always stays
+        if (at[i] == n - 1) ranked[i] = std::numeric_limits<double>::infinity();
+      }
+      std::vector<int64_t> kept;
+      for (int64_t i : top_slots(ranked, static_cast<int64_t>(keep))) kept.push_back(slots[i]);
+      slots = std::move(kept);
+    }
+    // The set and the fresh tokens in position order.
+    std::vector<std::pair<int64_t, int64_t>> order;  // (position, slot or -1 - fresh index)
+    for (int64_t s : slots) order.emplace_back(map.cached_position[s], s);
+    for (std::size_t i = 0; i < assembled.fresh_tokens.size(); ++i) {
+      order.emplace_back(map.fresh_position[i], -1 - static_cast<int64_t>(i));
+    }
+    std::sort(order.begin(), order.end());
+    const auto m = static_cast<int64_t>(order.size());
+    std::vector<int64_t> ids, positions, fresh_rows;
+    for (std::size_t j = 0; j < order.size(); ++j) {
+      const auto [position, who] = order[j];
+      positions.push_back(position);
+      ids.push_back(resolved.baseline[position]);
+      if (who < 0) fresh_rows.push_back(static_cast<int64_t>(j));
+    }
+    std::vector<int64_t> old_positions = map.cached_position;
+    for (int64_t s : slots) old_positions[s] = std::numeric_limits<int64_t>::max();
+    auto query = torch::tensor(positions, torch::kInt64);
+    ForwardOptions forward;
+    forward.attention_mask = visible_by_position(old_positions, query);
+    forward.first_layer = l;
+    forward.layers = l + 1 < layers ? l + 1 : 0;  // the last layer returns the logits
+    forward.hidden = hidden.index_select(1, query.to(device));
+    cache.reserve(cached + m);
+    auto out = model.forward(torch::tensor(ids, torch::kInt64).unsqueeze(0), query.unsqueeze(0),
+                             cache, forward);
+    total += static_cast<int64_t>(slots.size());
+    for (int64_t j = 0; j < m; ++j) {
+      const int64_t who = order[static_cast<std::size_t>(j)].second;
+      if (who < 0) continue;
+      cache.key_slots(l, who, 1).copy_(cache.key_slots(l, cached + j, 1));
+      cache.value_slots(l, who, 1).copy_(cache.value_slots(l, cached + j, 1));
+    }
+    if (!fresh_rows.empty()) {
+      auto rows = torch::tensor(fresh_rows, torch::kInt64).to(device);
+      fresh_keys[l] = cache.key_slots(l, cached, m).index_select(2, rows);
+      fresh_values[l] = cache.value_slots(l, cached, m).index_select(2, rows);
+    }
+    cache.truncate(cached);
+    if (l + 1 < layers) {
+      hidden.index_copy_(1, query.to(device), out.to(hidden.scalar_type()));
+    } else {
+      logits = out;
+      for (int64_t j : fresh_rows) fresh_positions.push_back(positions[j]);
+    }
+  }
+  // The fresh tokens after the cached slots: the layers run here, then the pass's (exact) ones.
+  const auto fresh = static_cast<int64_t>(fresh_positions.size());
+  if (fresh > 0) {
+    cache.reserve(cached + fresh);
+    for (int64_t l = first; l < layers; ++l) {
+      cache.key_slots(l, cached, fresh).copy_(fresh_keys[l]);
+      cache.value_slots(l, cached, fresh).copy_(fresh_values[l]);
+    }
+    cache.fill_external(fresh, fresh_positions);
+  }
+  cached_order.insert(cached_order.end(), fresh_positions.begin(), fresh_positions.end());
+  pass_states_into(pass, cache, 0, cached_order, model);
+  *recomputed = total / std::max<int64_t>(layers - first, 1);
+  return logits;
+}
+
 }  // namespace
 
 RecomputeCriterion parse_recompute_criterion(const std::string& text) {
@@ -302,9 +491,14 @@ RecomputeCriterion parse_recompute_criterion(const std::string& text) {
   if (text == "recent") return RecomputeCriterion::kRecent;
   if (text == "attention") return RecomputeCriterion::kAttention;
   if (text == "impact") return RecomputeCriterion::kImpact;
+  if (text == "firstk") return RecomputeCriterion::kFirstK;
+  if (text == "firstk+deviation") return RecomputeCriterion::kFirstKDeviation;
+  if (text == "firstk+impact") return RecomputeCriterion::kFirstKImpact;
+  if (text == "gradual") return RecomputeCriterion::kGradual;
   throw Error(ErrorKind::kInvalidArgument,
               "unknown recompute criterion '" + text +
-                  "' (use impact, deviation, boundary, recent or attention)");
+                  "' (use impact, deviation, boundary, recent, attention, firstk, "
+                  "firstk+deviation, firstk+impact or gradual)");
 }
 
 std::string recompute_criterion_name(RecomputeCriterion criterion) {
@@ -317,6 +511,14 @@ std::string recompute_criterion_name(RecomputeCriterion criterion) {
       return "attention";
     case RecomputeCriterion::kImpact:
       return "impact";
+    case RecomputeCriterion::kFirstK:
+      return "firstk";
+    case RecomputeCriterion::kFirstKDeviation:
+      return "firstk+deviation";
+    case RecomputeCriterion::kFirstKImpact:
+      return "firstk+impact";
+    case RecomputeCriterion::kGradual:
+      return "gradual";
     case RecomputeCriterion::kDeviation:
       break;
   }
@@ -353,6 +555,11 @@ torch::Tensor recompute_prefill(const LlamaModel& model, const pml::ResolvedProm
                 "recompute: select_layer must be a layer index (>= 0), got " +
                     std::to_string(options.select_layer));
   }
+  if (options.first_k < 1 || options.first_k > kMaxRecomputeFirstK) {
+    throw Error(ErrorKind::kInvalidArgument, "recompute: first_k must be 1.." +
+                                                 std::to_string(kMaxRecomputeFirstK) + ", got " +
+                                                 std::to_string(options.first_k));
+  }
   const int64_t cached = assembled.cached_tokens;
   const double select_start = now_ms();
   const BaselineMap map = map_to_baseline(resolved, assembled, cache);
@@ -371,6 +578,21 @@ torch::Tensor recompute_prefill(const LlamaModel& model, const pml::ResolvedProm
     }
   }
   const double select_ms = now_ms() - select_start - move_ms;
+  if (options.criterion == RecomputeCriterion::kGradual && pass.layers > 0 &&
+      pass.layers < model.config().num_hidden_layers) {
+    const double forward_start = now_ms();
+    int64_t recomputed = 0;
+    auto logits = gradual_prefill(model, resolved, map, assembled, cache, pass, selected,
+                                  recompute_count(options.fraction, cached), &recomputed);
+    if (report != nullptr) {
+      report->recomputed_tokens = recomputed;
+      report->move_ms = move_ms;
+      report->select_ms = select_ms;
+      report->forward_ms = now_ms() - forward_start;
+      report->finish_ms = 0;
+    }
+    return logits.reshape({-1});
+  }
   // The new tokens in baseline order: the chosen slots and the fresh tokens. Each sees, by
   // position, the earlier slots not chosen and the earlier (and its own) new tokens; the chosen
   // slots' stale states are hidden from all of them.
@@ -410,13 +632,7 @@ torch::Tensor recompute_prefill(const LlamaModel& model, const pml::ResolvedProm
   if (exact > first) {
     // The pass's K/V of layers [first, exact) (select_layer's, projected only) are what the new
     // tokens' attention reads there: in the cached slots before the forward, not stale ones.
-    auto index = torch::tensor(map.cached_position, torch::kInt64).to(model.device());
-    const auto n = static_cast<int64_t>(resolved.baseline.size());
-    for (int64_t l = first; l < exact; ++l) {
-      cache.key_slots(l, 0, cached).copy_(pass.scratch.key_slots(l, 0, n).index_select(2, index));
-      cache.value_slots(l, 0, cached)
-          .copy_(pass.scratch.value_slots(l, 0, n).index_select(2, index));
-    }
+    pass_states_into(pass, cache, first, map.cached_position, model);
   }
   const double forward_start = now_ms();
   auto logits = model.forward(torch::tensor(ids, torch::kInt64).unsqueeze(0), query.unsqueeze(0),
@@ -448,14 +664,7 @@ torch::Tensor recompute_prefill(const LlamaModel& model, const pml::ResolvedProm
     // The pass's layers, for every slot in its final place (cached slots, then fresh ones).
     std::vector<int64_t> order = map.cached_position;
     order.insert(order.end(), fresh_positions.begin(), fresh_positions.end());
-    auto index = torch::tensor(order, torch::kInt64).to(model.device());
-    const auto n = static_cast<int64_t>(resolved.baseline.size());
-    for (int64_t l = 0; l < exact; ++l) {
-      cache.key_slots(l, 0, next_fresh)
-          .copy_(pass.scratch.key_slots(l, 0, n).index_select(2, index));
-      cache.value_slots(l, 0, next_fresh)
-          .copy_(pass.scratch.value_slots(l, 0, n).index_select(2, index));
-    }
+    pass_states_into(pass, cache, 0, order, model);
   }
   if (report != nullptr) {
     report->recomputed_tokens = static_cast<int64_t>(selected.size());

@@ -185,7 +185,8 @@ std::vector<ScoreResponse> Engine::score_rows(
         schema.get(), r, (*lease)->cache, request.use_cache, most_packed,
         AssembleOptions{request.reuse_buffer, request.in_place},
         RecomputeOptions{request.recompute.value_or(schema->layout.recompute.value_or(0)),
-                         request.recompute_criterion, request.recompute_select_layer});
+                         request.recompute_criterion, request.recompute_select_layer,
+                         request.recompute_first_k});
     (*lease)->schema = request.use_cache ? r.schema : "";
     (*lease)->entry = request.use_cache ? schema.get() : nullptr;
     prompt_logits = pre.logits.reshape({1, -1});
