@@ -557,6 +557,41 @@ assert summary["check"]["rows"] == 3
 print("stories260K accuracy:", summary["accuracy"], "rows/s:", round(summary["rows_per_s"], 1))
 PY
     ;;
+  eval_check_fidelity)
+    # --check on generated rows reports the agreement `promptcache fidelity` measures, with the
+    # run's recompute: a prefix row and a row after a gap ("park" left out); at --recompute 1
+    # every cached token runs in its full context, so both agree with the no-cache run exactly.
+    need_stories
+    ex="$src/examples/eval"
+    printf '%s\n' '{"id": "prefix", "prompt": "One day, Lily went to the park and", "max_tokens": 12}' \
+      '{"id": "gap", "modules": ["instruction", "home"], "prompt": "Tim was tired, so he", "max_tokens": 12}' \
+      '{"id": "scored", "prompt": "Lily had a red", "choices": ["ball", "tree"], "answer": 0}' >"$work/d.jsonl"
+    for r in none 1; do
+      extra=()
+      [ "$r" = none ] || extra=(--recompute "$r")
+      "$pc" eval --model "$stories" --template plain --schema "$ex/stories.xml" --data "$work/d.jsonl" \
+        --out "$work/r-$r.jsonl" --json --check 3 "${extra[@]}" >"$work/sum-$r.json" 2>"$work/err-$r" || fail "eval --check ($r): $(cat "$work/err-$r")"
+      expect_in "greedy against no cache" "$work/err-$r"
+    done
+    python3 - "$work/sum-none.json" "$work/sum-1.json" <<'PY' || fail "bad --check fidelity: $(cat "$work/sum-none.json" "$work/sum-1.json")"
+import json, sys
+plain, full = (json.loads(open(f).read().strip().splitlines()[-1])["check"] for f in sys.argv[1:3])
+for c in (plain, full):
+    assert c["rows"] == 3 and c["generated"] == 2 and c["scored"] == 1, c
+    for k in ("first_token_agreement", "exact_agreement"):
+        assert 0 <= c[k] <= 1, c
+    assert c["mean_agreed_tokens"] > 0 and c["mean_first_token_kl"] >= 0, c
+assert plain["recompute"] == 0 and full["recompute"] == 1, (plain, full)
+assert full["first_token_agreement"] == 1 and full["exact_agreement"] == 1, full
+assert full["mean_first_token_kl"] < 1e-6, full
+assert full["mean_first_token_kl"] <= plain["mean_first_token_kl"] + 1e-9, (plain, full)
+print("eval --check: r = 0", plain, "r = 1", full)
+PY
+    # A bad share is refused before any row runs.
+    "$pc" eval --model "$stories" --template plain --schema "$ex/stories.xml" --data "$work/d.jsonl" \
+      --out "$work/bad.jsonl" --check 1 --recompute 1.5 >/dev/null 2>"$work/bad.err" && fail "eval --recompute 1.5 succeeded"
+    expect_in "--recompute" "$work/bad.err"
+    ;;
   eval_resume)
     # A run killed with SIGKILL mid-way and run again: every id exactly once, with the rows of the
     # first run kept; a line cut short by the kill is removed and its row run again.
