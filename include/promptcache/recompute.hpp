@@ -102,6 +102,17 @@ struct RecomputeReport {
   double finish_ms = 0;
 };
 
+// Module budgets (ResolvedPrompt::recompute_budgets: recompute="..." on a <module> or on its
+// reference in a prompt): each selected module with one recomputes its own count of its cached
+// slots, chosen among them by the criterion; the share `fraction` applies to the cached slots of
+// the other modules only (the shared pool). With the gradual criterion a budget's slots run on
+// every layer and only the shared pool's set shrinks.
+//
+// Whether a prompt recomputes anything (a share above 0, or a module budget above 0), and an
+// upper bound of the tokens it recomputes (the room recompute_prefill needs beyond the prompt).
+bool recompute_requested(const RecomputeOptions& options, const pml::ResolvedPrompt& resolved);
+int64_t recompute_capacity(const RecomputeOptions& options, const pml::ResolvedPrompt& resolved);
+
 // Runs after the assembler filled `cache` with the prompt's cached slots [0,
 // assembled.cached_tokens) and before any fresh token ran: moves the prompt to its baseline
 // positions, recomputes the chosen slots with the fresh tokens and returns the logits after the
@@ -114,7 +125,9 @@ torch::Tensor recompute_prefill(const LlamaModel& model, const pml::ResolvedProm
                                 const RecomputeOptions& options, RecomputeReport* report = nullptr);
 
 // The slots recompute_prefill would choose, in slot order (deterministic: ties go to the
-// earlier slot). `cache` as for recompute_prefill; it is moved to the baseline positions.
+// earlier slot), with `count` slots (at most) from the shared pool (all cached slots when the
+// prompt has no module budget) and each module budget's own. `cache` as for recompute_prefill;
+// it is moved to the baseline positions.
 std::vector<int64_t> choose_recompute_slots(const LlamaModel& model,
                                             const pml::ResolvedPrompt& resolved,
                                             const AssembledPrompt& assembled, KVCache& cache,

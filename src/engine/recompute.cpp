@@ -255,51 +255,118 @@ std::vector<int64_t> top_slots(const std::vector<double>& score, int64_t count) 
   return order;
 }
 
-// The firstk criterion (EPIC): the first `k` tokens of every run that does not start the schema,
-// round-robin by offset, at most `count`.
-std::vector<int64_t> first_k_slots(const SlotRuns& runs, int64_t k, int64_t count) {
-  std::vector<double> score = boundary_scores(runs);
-  int64_t eligible = 0;
-  for (std::size_t s = 0; s < score.size(); ++s) {
-    if (runs.schema_start[s] || runs.offset[s] >= k) {
-      score[s] = -std::numeric_limits<double>::infinity();
-    } else {
-      ++eligible;
-    }
+// The firstk criterion (EPIC): the first `k` tokens of every run that does not start the schema.
+std::vector<bool> first_k_eligible(const SlotRuns& runs, int64_t k) {
+  std::vector<bool> eligible;
+  for (std::size_t s = 0; s < runs.offset.size(); ++s) {
+    eligible.push_back(!runs.schema_start[s] && runs.offset[s] < k);
   }
-  return top_slots(score, std::min(count, eligible));
+  return eligible;
 }
 
-// `first` (in slot order), then the best of `score` among the other slots up to `count` in all.
-std::vector<int64_t> first_then_best(std::vector<int64_t> first, std::vector<double> score,
-                                     int64_t count) {
-  for (int64_t s : first) score[s] = -std::numeric_limits<double>::infinity();
-  const auto rest = top_slots(score, count - static_cast<int64_t>(first.size()));
-  first.insert(first.end(), rest.begin(), rest.end());
-  std::sort(first.begin(), first.end());
-  return first;
+// Which recompute budget each cached slot falls under: a selected module's own
+// (ResolvedPrompt::recompute_budgets, by its slots' reserved positions) or the request's share
+// (the shared pool, group -1), and how many slots each recomputes.
+struct SlotGroups {
+  std::vector<int> group;      // per cached slot: index into `count`, or -1 (the shared pool)
+  std::vector<int64_t> count;  // per module budget: the slots it recomputes
+  int64_t shared = 0;          // the shared pool's count
+  int64_t shared_slots = 0;    // the shared pool's slots
+
+  int64_t total() const { return std::accumulate(count.begin(), count.end(), shared); }
+};
+
+// `shared` < 0: recompute_count(fraction, the shared pool's slots).
+SlotGroups slot_groups(const pml::ResolvedPrompt& resolved, const std::vector<int64_t>& reserved,
+                       double fraction, int64_t shared = -1) {
+  struct Range {
+    int64_t begin, end;
+    int group;
+  };
+  std::vector<Range> ranges;
+  for (std::size_t g = 0; g < resolved.recompute_budgets.size(); ++g) {
+    for (const auto& [b, e] : resolved.recompute_budgets[g].ranges) {
+      ranges.push_back({static_cast<int64_t>(b), static_cast<int64_t>(e), static_cast<int>(g)});
+    }
+  }
+  std::sort(ranges.begin(), ranges.end(),
+            [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  SlotGroups groups;
+  std::vector<std::size_t> members(resolved.recompute_budgets.size(), 0);
+  for (int64_t position : reserved) {
+    auto it = std::upper_bound(ranges.begin(), ranges.end(), position,
+                               [](int64_t p, const Range& r) { return p < r.begin; });
+    int g = -1;
+    if (it != ranges.begin() && position < std::prev(it)->end) g = std::prev(it)->group;
+    groups.group.push_back(g);
+    if (g >= 0) {
+      ++members[static_cast<std::size_t>(g)];
+    } else {
+      ++groups.shared_slots;
+    }
+  }
+  for (std::size_t g = 0; g < members.size(); ++g) {
+    groups.count.push_back(
+        static_cast<int64_t>(resolved.recompute_budgets[g].budget.count(members[g])));
+  }
+  groups.shared = shared >= 0 ? std::min(shared, groups.shared_slots)
+                              : recompute_count(fraction, groups.shared_slots);
+  return groups;
+}
+
+// The best slots by `score` (higher first; ties to the earlier slot), each group's count of
+// them, in slot order. With `first`, the slots it marks come before all others, ranked among
+// themselves by `first_score`. A slot scored -inf (and not marked) is never taken.
+std::vector<int64_t> pick(const std::vector<double>& score, const SlotGroups& groups,
+                          const std::vector<bool>* first = nullptr,
+                          const std::vector<double>* first_score = nullptr) {
+  auto tier = [&](int64_t s) { return first != nullptr && (*first)[s]; };
+  auto key = [&](int64_t s) { return tier(s) ? (*first_score)[s] : score[s]; };
+  std::vector<int64_t> order(score.size());
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    if (tier(a) != tier(b)) return tier(a);
+    return key(a) > key(b);
+  });
+  std::vector<int64_t> left = groups.count;
+  int64_t shared_left = groups.shared;
+  std::vector<int64_t> chosen;
+  for (int64_t s : order) {
+    if (!tier(s) && score[s] == -std::numeric_limits<double>::infinity()) continue;
+    const int g = groups.group[s];
+    int64_t& l = g < 0 ? shared_left : left[static_cast<std::size_t>(g)];
+    if (l > 0) {
+      chosen.push_back(s);
+      --l;
+    }
+  }
+  std::sort(chosen.begin(), chosen.end());
+  return chosen;
 }
 
 // How many tokens the gradual criterion recomputes on each of `layers` layers: 1.5x `count` on
-// the first, linearly down to 0.5x on the last (`count` on average), within [1, cached].
+// the first, linearly down to 0.5x on the last (`count` on average), within [1, cached] (none
+// when `count` is 0).
 std::vector<int64_t> gradual_sizes(int64_t count, int64_t cached, int64_t layers) {
   std::vector<int64_t> sizes;
   for (int64_t i = 0; i < layers; ++i) {
     const double share = layers == 1 ? 1.0 : 1.5 - static_cast<double>(i) / (layers - 1);
     const auto size = static_cast<int64_t>(std::llround(share * static_cast<double>(count)));
-    sizes.push_back(std::clamp<int64_t>(size, 1, cached));
+    sizes.push_back(count <= 0 ? 0 : std::clamp<int64_t>(size, 1, cached));
   }
   return sizes;
 }
 
 // The chosen slots, in slot order, with `cache` already at the baseline positions (`runs` read
 // before the move); `pass` receives the deviation pass when one ran. For the gradual criterion,
-// the slots its first layer recomputes.
+// the slots its first layer recomputes. A module budget's slots are chosen among that module's
+// slots, by the same criterion.
 std::vector<int64_t> choose(const LlamaModel& model, const pml::ResolvedPrompt& resolved,
                             const BaselineMap& map, const AssembledPrompt& assembled,
-                            KVCache& cache, const SlotRuns& runs, int64_t count,
+                            KVCache& cache, const SlotRuns& runs, const SlotGroups& groups,
                             const RecomputeOptions& options, DeviationPass* pass) {
   const auto cached = static_cast<int64_t>(map.cached_position.size());
+  const int64_t count = groups.total();
   if (count <= 0) return {};
   if (count >= cached) {
     std::vector<int64_t> all(static_cast<std::size_t>(cached));
@@ -308,13 +375,22 @@ std::vector<int64_t> choose(const LlamaModel& model, const pml::ResolvedPrompt& 
   }
   switch (options.criterion) {
     case RecomputeCriterion::kBoundary:
-      return top_slots(boundary_scores(runs), count);
+      return pick(boundary_scores(runs), groups);
     case RecomputeCriterion::kRecent:
-      return top_slots(std::vector<double>(runs.reserved.begin(), runs.reserved.end()), count);
+      return pick(std::vector<double>(runs.reserved.begin(), runs.reserved.end()), groups);
     case RecomputeCriterion::kAttention:
-      return top_slots(attention_scores(model, map, assembled, cache, runs), count);
-    case RecomputeCriterion::kFirstK:
-      return first_k_slots(runs, options.first_k, count);
+      return pick(attention_scores(model, map, assembled, cache, runs), groups);
+    case RecomputeCriterion::kFirstK: {
+      // The shared pool takes only first-k slots; a module's budget its module's first slots.
+      std::vector<double> score = boundary_scores(runs);
+      const std::vector<bool> eligible = first_k_eligible(runs, options.first_k);
+      for (std::size_t s = 0; s < score.size(); ++s) {
+        if (groups.group[s] < 0 && !eligible[s]) {
+          score[s] = -std::numeric_limits<double>::infinity();
+        }
+      }
+      return pick(score, groups);
+    }
     case RecomputeCriterion::kDeviation:
     case RecomputeCriterion::kImpact:
     case RecomputeCriterion::kFirstKDeviation:
@@ -332,28 +408,37 @@ std::vector<int64_t> choose(const LlamaModel& model, const pml::ResolvedPrompt& 
   std::vector<int64_t> slots;
   if (options.criterion == RecomputeCriterion::kFirstKDeviation ||
       options.criterion == RecomputeCriterion::kFirstKImpact) {
-    slots = first_then_best(first_k_slots(runs, options.first_k, count), local.score, count);
+    const std::vector<bool> eligible = first_k_eligible(runs, options.first_k);
+    const std::vector<double> order = boundary_scores(runs);
+    slots = pick(local.score, groups, &eligible, &order);
   } else if (options.criterion == RecomputeCriterion::kGradual) {
     const int64_t layers = model.config().num_hidden_layers - local.layers;
-    slots = top_slots(local.score, gradual_sizes(count, cached, std::max<int64_t>(layers, 1))[0]);
+    SlotGroups first = groups;
+    first.shared =
+        gradual_sizes(groups.shared, groups.shared_slots, std::max<int64_t>(layers, 1))[0];
+    slots = pick(local.score, first);
   } else {
-    slots = top_slots(local.score, count);
+    slots = pick(local.score, groups);
   }
   if (pass != nullptr) *pass = std::move(local);
   return slots;
 }
 
 // Moves the prompt to its baseline positions and chooses the slots (the runs are read first:
-// the move replaces the reserved positions and the provenance tags).
+// the move replaces the reserved positions and the provenance tags). `shared` as slot_groups'.
 std::vector<int64_t> move_and_choose(const LlamaModel& model, const pml::ResolvedPrompt& resolved,
                                      const BaselineMap& map, const AssembledPrompt& assembled,
-                                     KVCache& cache, int64_t count, const RecomputeOptions& options,
-                                     DeviationPass* pass, double* move_ms = nullptr) {
+                                     KVCache& cache, const RecomputeOptions& options,
+                                     DeviationPass* pass, SlotGroups* groups_out,
+                                     int64_t shared = -1, double* move_ms = nullptr) {
   const SlotRuns runs = slot_runs(cache);
+  SlotGroups groups = slot_groups(resolved, runs.reserved, options.fraction, shared);
   const double start = now_ms();
   move_to_baseline(model, cache, map.cached_position);
   if (move_ms != nullptr) *move_ms = now_ms() - start;
-  return choose(model, resolved, map, assembled, cache, runs, count, options, pass);
+  auto slots = choose(model, resolved, map, assembled, cache, runs, groups, options, pass);
+  if (groups_out != nullptr) *groups_out = std::move(groups);
+  return slots;
 }
 
 // The pass's K/V of its layers [from, pass.kv_layers) into slots [0, order.size()) of `cache`:
@@ -382,11 +467,13 @@ void pass_states_into(const DeviationPass& pass, KVCache& cache, int64_t from,
 torch::Tensor gradual_prefill(const LlamaModel& model, const pml::ResolvedPrompt& resolved,
                               const BaselineMap& map, const AssembledPrompt& assembled,
                               KVCache& cache, const DeviationPass& pass, std::vector<int64_t> slots,
-                              int64_t count, int64_t* recomputed) {
+                              const SlotGroups& groups, int64_t* recomputed) {
   const auto cached = static_cast<int64_t>(map.cached_position.size());
   const auto n = static_cast<int64_t>(resolved.baseline.size());
   const int64_t layers = model.config().num_hidden_layers, first = pass.layers;
-  const auto sizes = gradual_sizes(count, cached, std::max<int64_t>(layers - first, 1));
+  // The shared pool shrinks; a module budget's slots stay on every layer.
+  const auto sizes =
+      gradual_sizes(groups.shared, groups.shared_slots, std::max<int64_t>(layers - first, 1));
   // The pass's K/V of select_layer (projected only): what the set reads there.
   std::vector<int64_t> cached_order = map.cached_position;
   pass_states_into(pass, cache, first, cached_order, model);
@@ -397,7 +484,12 @@ torch::Tensor gradual_prefill(const LlamaModel& model, const pml::ResolvedPrompt
   int64_t total = 0;
   const auto device = model.device();
   for (int64_t l = first; l < layers; ++l) {
-    const auto keep = static_cast<std::size_t>(sizes[static_cast<std::size_t>(l - first)]);
+    std::size_t kept_always = 0;  // module budgets' slots
+    for (int64_t s : slots) {
+      kept_always += groups.group[s] >= 0 ? 1 : 0;
+    }
+    const auto keep =
+        static_cast<std::size_t>(sizes[static_cast<std::size_t>(l - first)]) + kept_always;
     if (l > first && keep < slots.size()) {
       std::vector<int64_t> at;
       for (int64_t s : slots) at.push_back(map.cached_position[s]);
@@ -414,8 +506,10 @@ torch::Tensor gradual_prefill(const LlamaModel& model, const pml::ResolvedPrompt
                        .to(torch::kCPU, torch::kFloat64)
                        .contiguous();
       std::vector<double> ranked(score.data_ptr<double>(), score.data_ptr<double>() + slots.size());
-      for (std::size_t i = 0; i < slots.size(); ++i) {  // the last prompt token always stays
-        if (at[i] == n - 1) ranked[i] = std::numeric_limits<double>::infinity();
+      for (std::size_t i = 0; i < slots.size(); ++i) {  // these always stay
+        if (at[i] == n - 1 || groups.group[slots[i]] >= 0) {
+          ranked[i] = std::numeric_limits<double>::infinity();
+        }
       }
       std::vector<int64_t> kept;
       for (int64_t i : top_slots(ranked, static_cast<int64_t>(keep))) kept.push_back(slots[i]);
@@ -539,12 +633,27 @@ int64_t recompute_count(double fraction, int64_t cached) {
   return std::clamp<int64_t>(count, 1, cached);
 }
 
+bool recompute_requested(const RecomputeOptions& options, const pml::ResolvedPrompt& resolved) {
+  return recompute_capacity(options, resolved) > 0;
+}
+
+int64_t recompute_capacity(const RecomputeOptions& options, const pml::ResolvedPrompt& resolved) {
+  int64_t count = recompute_count(options.fraction, static_cast<int64_t>(resolved.baseline.size()));
+  for (const pml::RecomputeBudget& b : resolved.recompute_budgets) {
+    std::size_t tokens = 0;
+    for (const auto& [begin, end] : b.ranges) tokens += end - begin;
+    count += static_cast<int64_t>(b.budget.count(tokens));
+  }
+  return count;
+}
+
 std::vector<int64_t> choose_recompute_slots(const LlamaModel& model,
                                             const pml::ResolvedPrompt& resolved,
                                             const AssembledPrompt& assembled, KVCache& cache,
                                             int64_t count, const RecomputeOptions& options) {
   const BaselineMap map = map_to_baseline(resolved, assembled, cache);
-  return move_and_choose(model, resolved, map, assembled, cache, count, options, nullptr);
+  return move_and_choose(model, resolved, map, assembled, cache, options, nullptr, nullptr,
+                         std::max<int64_t>(count, 0));
 }
 
 torch::Tensor recompute_prefill(const LlamaModel& model, const pml::ResolvedPrompt& resolved,
@@ -565,9 +674,9 @@ torch::Tensor recompute_prefill(const LlamaModel& model, const pml::ResolvedProm
   const BaselineMap map = map_to_baseline(resolved, assembled, cache);
   DeviationPass pass;
   double move_ms = 0;
-  std::vector<int64_t> selected =
-      move_and_choose(model, resolved, map, assembled, cache,
-                      recompute_count(options.fraction, cached), options, &pass, &move_ms);
+  SlotGroups groups;
+  std::vector<int64_t> selected = move_and_choose(model, resolved, map, assembled, cache, options,
+                                                  &pass, &groups, -1, &move_ms);
   // The logits come after the prompt's last token: when that is a cached slot (a prompt whose
   // fresh tokens are all arguments), it runs too.
   const int64_t last = static_cast<int64_t>(resolved.baseline.size()) - 1;
@@ -582,8 +691,8 @@ torch::Tensor recompute_prefill(const LlamaModel& model, const pml::ResolvedProm
       pass.layers < model.config().num_hidden_layers) {
     const double forward_start = now_ms();
     int64_t recomputed = 0;
-    auto logits = gradual_prefill(model, resolved, map, assembled, cache, pass, selected,
-                                  recompute_count(options.fraction, cached), &recomputed);
+    auto logits = gradual_prefill(model, resolved, map, assembled, cache, pass, selected, groups,
+                                  &recomputed);
     if (report != nullptr) {
       report->recomputed_tokens = recomputed;
       report->move_ms = move_ms;

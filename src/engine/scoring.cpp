@@ -146,7 +146,8 @@ std::vector<ScoreResponse> Engine::score_batch(
         prompts.size() > 1 ? " of prompt " + std::to_string(i + 1) + " of the batch" : "";
     check_continuations(continuations[i], next, vocab, limit, row, r.where);
     const double share = request.recompute.value_or(entries.back()->layout.recompute.value_or(0));
-    recomputing = recomputing || (request.use_cache && share != 0);
+    recomputing =
+        recomputing || (request.use_cache && (share != 0 || !r.recompute_budgets.empty()));
   }
   if (prompts.size() == 1 || recomputing) {
     std::vector<ScoreResponse> out;
