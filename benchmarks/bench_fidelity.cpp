@@ -79,6 +79,13 @@ std::string story_model_dir(const bench::Flags& flags, const std::string& part) 
   return {};
 }
 
+// What the JSON lines call the model: the --model folder's name (stories260K by default).
+std::string model_name(const std::string& dir) {
+  const auto path = std::filesystem::path(dir);
+  const std::string name = path.filename().string();
+  return name.empty() ? path.parent_path().filename().string() : name;
+}
+
 // A copy of the model folder `dir` with its tensors stored in bf16 (made once per run), or `dir`
 // itself when its matrices are stored in bf16 already.
 std::string bf16_folder(const std::string& dir) {
@@ -166,7 +173,7 @@ void fidelity_part(const bench::Flags& flags, const std::vector<double>& fractio
         }
         const auto s = summarize_fidelity(results);
         nlohmann::json j = {{"bench", "fidelity"},
-                            {"model", "stories260K"},
+                            {"model", model_name(dir)},
                             {"prompts", s.prompts},
                             {"seed", seed},
                             {"recompute", r},
@@ -257,7 +264,7 @@ void floor_part(const bench::Flags& flags) {
     }
     const double n = static_cast<double>(xmls.size());
     nlohmann::json j = {{"bench", "fidelity_floor"},
-                        {"model", "stories260K"},
+                        {"model", model_name(dir)},
                         {"prompts", xmls.size()},
                         {"seed", seed},
                         {"perturbation", perturbation.name},
