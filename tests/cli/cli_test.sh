@@ -431,6 +431,22 @@ assert s["summary"] and s["prompts"] == 1 and s["first_token_agreement"] == 1.0,
     "$pc" run --model "$work/tiny" --schema "$work/trip-r.xml" --prompt "$src/schemas/trip.prompt.xml" \
       --recompute 0 -n 1 --json >"$work/z.json" 2>"$work/z.err" || fail "run --recompute 0: $(cat "$work/z.err")"
     python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["recomputed_tokens"] == 0, j' "$work/z.json" || fail "--recompute 0 did not override: $(cat "$work/z.json")"
+    # A module's own budget applies with no share given; the prompt overrides and adds budgets.
+    sed 's/<module name="city"/<module name="city" recompute="5"/' "$src/schemas/trip.xml" >"$work/trip-m.xml"
+    grep -q 'recompute="5"' "$work/trip-m.xml" || fail "could not add the module's recompute attribute"
+    sed -e 's|<city/>|<city recompute="0"/>|' -e 's|<rainy/>|<rainy recompute="2"/>|' \
+      "$src/schemas/trip.prompt.xml" >"$work/trip-m.prompt.xml"
+    for p in "$src/schemas/trip.prompt.xml:5" "$work/trip-m.prompt.xml:2"; do
+      "$pc" run --model "$work/tiny" --schema "$work/trip-m.xml" --prompt "${p%:*}" -n 1 --json \
+        >"$work/m.json" 2>"$work/m.err" || fail "run with a module budget: $(cat "$work/m.err")"
+      python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["recomputed_tokens"] == int(sys.argv[2]), j' \
+        "$work/m.json" "${p##*:}" || fail "module budget: expected ${p##*:} recomputed: $(cat "$work/m.json")"
+    done
+    sed 's|<city/>|<city recompute="1.5"/>|' "$src/schemas/trip.prompt.xml" >"$work/bad.prompt.xml"
+    "$pc" run --model "$work/tiny" --schema "$work/trip-m.xml" --prompt "$work/bad.prompt.xml" -n 1 \
+      >"$work/bad.out" 2>&1 && fail "a bad recompute override was accepted"
+    expect_in 'bad.prompt.xml:2' "$work/bad.out"
+    expect_in 'recompute="1.5" on <city>' "$work/bad.out"
     ;;
   tiers_budget)
     # A tiny host budget: the same answer as without one; the stats say spans were evicted and
