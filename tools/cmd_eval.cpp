@@ -15,6 +15,8 @@
 #include "engine_setup.hpp"
 #include "promptcache/error.hpp"
 #include "promptcache/eval.hpp"
+#include "promptcache/fidelity.hpp"
+#include "recompute_flags.hpp"
 
 namespace promptcache::cli {
 namespace {
@@ -64,9 +66,14 @@ struct Checked {
   Outcome cached;
 };
 
-json run_check(Engine& engine, const std::vector<Checked>& sample) {
+// Generated rows are also measured as `promptcache fidelity` does (greedy, the row's max_tokens,
+// the run's recompute): first-token agreement and KL against no cache, exact agreement and the
+// mean tokens agreed before the first divergence.
+json run_check(Engine& engine, const std::vector<Checked>& sample,
+               const RecomputeOptions& recompute) {
   std::size_t scored = 0, same_pred = 0, generated = 0, identical = 0;
   double max_diff = 0;
+  std::vector<PromptFidelity> fidelity;
   const RequestOptions plain{false};
   for (const auto& c : sample) {
     if (c.row.scored()) {
@@ -83,15 +90,24 @@ json run_check(Engine& engine, const std::vector<Checked>& sample) {
       const auto r = engine.generate(c.row.prompt, c.row.params, {}, plain);
       ++generated;
       identical += r.text == c.cached.text;
+      FidelityOptions options;
+      options.tokens = std::max<int64_t>(1, c.row.params.max_new_tokens);
+      options.recompute = recompute;
+      fidelity.push_back(measure_fidelity(engine, c.row.prompt, options));
     }
   }
+  const FidelitySummary f = summarize_fidelity(fidelity);
   std::cerr << fmt::format("eval: --check: {} rows again without the cache", sample.size());
   if (scored > 0) {
     std::cerr << fmt::format("; scored rows: {}/{} same prediction, max logprob difference {:.3g}",
                              same_pred, scored, max_diff);
   }
   if (generated > 0) {
-    std::cerr << fmt::format("; generations: {}/{} identical", identical, generated);
+    std::cerr << fmt::format(
+        "; generations: {}/{} identical; greedy against no cache (r = {}): first token {:.3f}, "
+        "exact {:.3f}, mean agreed tokens {:.1f}, first-token KL {:.3g}",
+        identical, generated, recompute.fraction, f.first_token_agreement, f.exact_agreement,
+        f.mean_agreed_tokens, f.mean_first_token_kl);
   }
   std::cerr << "\n";
   json j = {{"rows", sample.size()},
@@ -100,6 +116,13 @@ json run_check(Engine& engine, const std::vector<Checked>& sample) {
             {"generated", generated},
             {"identical_generations", identical}};
   j["max_logprob_diff"] = scored > 0 ? json(max_diff) : json();
+  if (generated > 0) {
+    j["recompute"] = recompute.fraction;
+    j["first_token_agreement"] = f.first_token_agreement;
+    j["exact_agreement"] = f.exact_agreement;
+    j["mean_agreed_tokens"] = f.mean_agreed_tokens;
+    j["mean_first_token_kl"] = f.mean_first_token_kl;
+  }
   return j;
 }
 
@@ -114,6 +137,7 @@ Command register_eval(CLI::App& root) {
     std::string schema, data, out, cache_file;
     bool no_cache = false, json = false, strict = false;
     std::size_t batch = 8, limit = 0, check = 0;
+    RecomputeFlags recompute;
   };
   auto o = std::make_shared<Options>();
   o->sampling.params.max_new_tokens = 32;
@@ -154,6 +178,7 @@ Command register_eval(CLI::App& root) {
   app->add_flag("--strict", o->strict,
                 "stop at the first bad line (exit 1) instead of skipping it");
   app->add_flag("--json", o->json, "print the summary as one JSON line on stdout");
+  add_recompute_flags(*app, o->recompute);
   return {
       app, [o]() {
         if (o->check > 0 && o->no_cache) {
@@ -171,6 +196,11 @@ Command register_eval(CLI::App& root) {
         options.defaults.params = o->sampling.params;
         options.defaults.stop = o->sampling.stop;
         options.use_cache = !o->no_cache;
+        const RecomputeOptions recompute = recompute_options(o->recompute, schema.recompute);
+        options.recompute = given_recompute(o->recompute);
+        options.recompute_criterion = recompute.criterion;
+        options.recompute_select_layer = recompute.select_layer;
+        options.recompute_first_k = recompute.first_k;
         options.batch = o->batch;
         options.strict = o->strict;
         options.warn = [](const std::string& w) {
@@ -223,7 +253,8 @@ Command register_eval(CLI::App& root) {
           std::cerr << fmt::format("eval: accuracy {:.4f} ({}/{} rows with an answer)\n",
                                    summary["accuracy"].get<double>(), t.correct, t.answered);
         }
-        if (!sample.empty() && !run.stopped()) summary["check"] = run_check(*engine, sample);
+        if (!sample.empty() && !run.stopped())
+          summary["check"] = run_check(*engine, sample, recompute);
         if (o->json) std::cout << summary.dump() << "\n";
         return run.stopped() ? 1 : 0;
       }};

@@ -67,6 +67,7 @@ Command register_qa(CLI::App& root) {
             const RecomputeOptions recompute = recompute_options(o->recompute);
             request.recompute_criterion = recompute.criterion;
             request.recompute_select_layer = recompute.select_layer;
+            request.recompute_first_k = recompute.first_k;
             auto answer = [&](const std::string& question) {
               const auto r = engine->generate_xml(
                   docqa::prompt_xml(selected, question), params,

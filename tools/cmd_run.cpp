@@ -89,6 +89,7 @@ Command register_run(CLI::App& root) {
             const RecomputeOptions recompute = recompute_options(o->recompute);
             request.recompute_criterion = recompute.criterion;
             request.recompute_select_layer = recompute.select_layer;
+            request.recompute_first_k = recompute.first_k;
             if (prompts.size() > 1) {
               // One batch: the answers come when every prompt is done, each under its file name.
               const auto responses = engine->generate_batch(prompts, params, {}, request);

@@ -14,6 +14,7 @@ struct RecomputeFlags {
   double fraction = 0;
   std::string criterion = "impact";
   int64_t select_layer = 1;
+  int64_t first_k = 8;
   CLI::Option* fraction_option = nullptr;  // --recompute, to tell whether it was given
 };
 
@@ -27,10 +28,14 @@ inline void add_recompute_flags(CLI::App& app, RecomputeFlags& flags) {
   app.add_option("--recompute-criterion", flags.criterion,
                  "which cached tokens --recompute picks: impact (their K/V deviation from a "
                  "short full-context pass times the attention the fresh text pays them), deviation "
-                 "(CacheBlend's: the deviation alone), boundary (the tokens after each gap), "
-                 "recent (the tokens nearest the fresh text) or attention (the tokens the fresh "
-                 "text attends to most)")
-      ->check(CLI::IsMember({"deviation", "boundary", "recent", "attention", "impact"}))
+                 "(CacheBlend's: the deviation alone), gradual (CacheBlend's gradual filtering: "
+                 "the deviation re-measured on every layer, the set shrinking), firstk (EPIC: the "
+                 "first --recompute-first-k tokens of every module after a gap), firstk+impact, "
+                 "firstk+deviation (those first, then the rest of the share by impact/deviation), "
+                 "boundary (the tokens after each gap), recent (the tokens nearest the fresh "
+                 "text) or attention (the tokens the fresh text attends to most)")
+      ->check(CLI::IsMember({"deviation", "boundary", "recent", "attention", "impact", "firstk",
+                             "firstk+deviation", "firstk+impact", "gradual"}))
       ->capture_default_str();
   app.add_option(
          "--recompute-layer", flags.select_layer,
@@ -38,6 +43,11 @@ inline void add_recompute_flags(CLI::App& app, RecomputeFlags& flags) {
          "then its K/V, are recomputed for every token (about that many of the model's layers "
          "over the prompt)")
       ->check(whole_number(0, 1024))
+      ->capture_default_str();
+  app.add_option("--recompute-first-k", flags.first_k,
+                 "firstk criteria: the tokens recomputed at the start of every module after a gap "
+                 "or after other modules (1-32; at most the --recompute share in all)")
+      ->check(whole_number(1, kMaxRecomputeFirstK))
       ->capture_default_str();
 }
 
@@ -53,7 +63,8 @@ inline std::optional<double> given_recompute(const RecomputeFlags& flags) {
 inline RecomputeOptions recompute_options(const RecomputeFlags& flags,
                                           std::optional<double> schema_default = std::nullopt) {
   return RecomputeOptions{given_recompute(flags).value_or(schema_default.value_or(0)),
-                          parse_recompute_criterion(flags.criterion), flags.select_layer};
+                          parse_recompute_criterion(flags.criterion), flags.select_layer,
+                          flags.first_k};
 }
 
 }  // namespace promptcache::cli

@@ -87,6 +87,7 @@ struct RequestOptions {
   std::optional<double> recompute;
   RecomputeCriterion recompute_criterion = RecomputeCriterion::kImpact;
   int64_t recompute_select_layer = 1;  // RecomputeOptions::select_layer (kImpact, kDeviation)
+  int64_t recompute_first_k = 8;       // RecomputeOptions::first_k (kFirstK*)
 };
 
 struct ResponseTimings {

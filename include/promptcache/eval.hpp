@@ -74,6 +74,12 @@ struct Totals {
 struct EvalOptions {
   RowDefaults defaults;
   bool use_cache = true;
+  // RequestOptions::recompute and its criterion for every row (docs/fidelity.md); unset: the
+  // schema's recompute attribute, else 0.
+  std::optional<double> recompute;
+  RecomputeCriterion recompute_criterion = RecomputeCriterion::kImpact;
+  int64_t recompute_select_layer = 1;
+  int64_t recompute_first_k = 8;
   std::size_t batch = 8;  // rows run together (>= 1)
   bool strict = false;    // the first bad line stops the run
   // Asked while a batch generates; true stops it: its rows are not written (they run again on a

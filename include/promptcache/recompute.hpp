@@ -50,10 +50,22 @@ enum class RecomputeCriterion {
   // layers the pass leaves stale (a probe forward as kAttention's): a slot's estimated effect on
   // the answer, not only how wrong its states are. The pass's cost plus about one cached prefill.
   kImpact,
+  // EPIC's static choice: the first RecomputeOptions::first_k tokens of every run that does not
+  // start the schema (every module after a gap or after other modules), round-robin as
+  // kBoundary, at most the share's count (fewer when the runs are short or few). Free.
+  kFirstK,
+  // kFirstK's slots first, then the rest of the share by kDeviation's score / kImpact's.
+  kFirstKDeviation,
+  kFirstKImpact,
+  // CacheBlend's gradual filtering: the deviation pass picks 1.5x the share's count; the chosen
+  // tokens then run layer by layer, and before each later layer the set shrinks (linearly, to
+  // half the count on the last layer: the count on average) to those whose K/V on that layer,
+  // projected from their new hidden states, deviate most from the stored ones.
+  kGradual,
 };
 
-// "deviation" / "boundary" / "recent" / "attention" / "impact"; Error(kInvalidArgument) naming
-// the value otherwise.
+// "deviation" / "boundary" / "recent" / "attention" / "impact" / "firstk" / "firstk+deviation" /
+// "firstk+impact" / "gradual"; Error(kInvalidArgument) naming the value otherwise.
 RecomputeCriterion parse_recompute_criterion(const std::string& text);
 std::string recompute_criterion_name(RecomputeCriterion criterion);
 
@@ -65,7 +77,12 @@ struct RecomputeOptions {
   // select_layer's K/V, and keeps the K/V of layers [0, select_layer] for all of them (they are
   // exact); the chosen tokens are recomputed from select_layer on.
   int64_t select_layer = 1;
+  // kFirstK*: the tokens recomputed at the start of every module after the first (1..32).
+  int64_t first_k = 8;
 };
+
+// The largest RecomputeOptions::first_k.
+constexpr int64_t kMaxRecomputeFirstK = 32;
 
 // Error(kInvalidArgument) unless 0 <= fraction <= 1 (`what` names the option).
 void check_recompute_fraction(double fraction, const std::string& what);
@@ -85,6 +102,17 @@ struct RecomputeReport {
   double finish_ms = 0;
 };
 
+// Module budgets (ResolvedPrompt::recompute_budgets: recompute="..." on a <module> or on its
+// reference in a prompt): each selected module with one recomputes its own count of its cached
+// slots, chosen among them by the criterion; the share `fraction` applies to the cached slots of
+// the other modules only (the shared pool). With the gradual criterion a budget's slots run on
+// every layer and only the shared pool's set shrinks.
+//
+// Whether a prompt recomputes anything (a share above 0, or a module budget above 0), and an
+// upper bound of the tokens it recomputes (the room recompute_prefill needs beyond the prompt).
+bool recompute_requested(const RecomputeOptions& options, const pml::ResolvedPrompt& resolved);
+int64_t recompute_capacity(const RecomputeOptions& options, const pml::ResolvedPrompt& resolved);
+
 // Runs after the assembler filled `cache` with the prompt's cached slots [0,
 // assembled.cached_tokens) and before any fresh token ran: moves the prompt to its baseline
 // positions, recomputes the chosen slots with the fresh tokens and returns the logits after the
@@ -97,7 +125,9 @@ torch::Tensor recompute_prefill(const LlamaModel& model, const pml::ResolvedProm
                                 const RecomputeOptions& options, RecomputeReport* report = nullptr);
 
 // The slots recompute_prefill would choose, in slot order (deterministic: ties go to the
-// earlier slot). `cache` as for recompute_prefill; it is moved to the baseline positions.
+// earlier slot), with `count` slots (at most) from the shared pool (all cached slots when the
+// prompt has no module budget) and each module budget's own. `cache` as for recompute_prefill;
+// it is moved to the baseline positions.
 std::vector<int64_t> choose_recompute_slots(const LlamaModel& model,
                                             const pml::ResolvedPrompt& resolved,
                                             const AssembledPrompt& assembled, KVCache& cache,

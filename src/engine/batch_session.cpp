@@ -136,7 +136,8 @@ std::optional<BatchSession::RowId> BatchSession::admit(const pml::Prompt& prompt
       request.use_cache ? entry.get() : nullptr, resolved, scratch_, request.use_cache, 0,
       AssembleOptions{request.reuse_buffer, false},
       RecomputeOptions{request.recompute.value_or(entry->layout.recompute.value_or(0)),
-                       request.recompute_criterion, request.recompute_select_layer});
+                       request.recompute_criterion, request.recompute_select_layer,
+                       request.recompute_first_k});
   Response response;
   response.timings.assembly_ms = pre.assembled.ms;
   response.timings.fresh_prefill_ms = pre.prefill_ms;

@@ -402,8 +402,7 @@ Engine::Prefill Engine::prefill_with(const SchemaEntry* schema, const pml::Resol
   check_context(max_position_of(resolved, use_cache), limit, "the prompt", resolved.where);
   if (use_cache) {
     // Room for the recomputed tokens, which run after the cached slots before they move back.
-    const int64_t recomputed =
-        recompute_count(recompute.fraction, static_cast<int64_t>(resolved.baseline.size()));
+    const int64_t recomputed = recompute_capacity(recompute, resolved);
     // Held while they are assembled (then the KV cache's own references keep what it reads).
     const SpanStore::Pin pinned = spans_->pin(schema->layout, *schema->spans, resolved.spans);
     out.assembled = Assembler().assemble(resolved, schema->layout, pinned.states(), cache,
@@ -417,7 +416,7 @@ Engine::Prefill Engine::prefill_with(const SchemaEntry* schema, const pml::Resol
   const auto& fresh = out.assembled.fresh_tokens;
   const double start = now_ms();
   std::vector<int64_t> ids(fresh.begin(), fresh.end());
-  if (use_cache && recompute.fraction > 0 && out.assembled.cached_tokens > 0) {
+  if (use_cache && recompute_requested(recompute, resolved) && out.assembled.cached_tokens > 0) {
     RecomputeReport report;
     out.logits = recompute_prefill(*model_, resolved, out.assembled, cache, recompute, &report);
     out.recomputed_tokens = report.recomputed_tokens;
@@ -448,7 +447,8 @@ Response Engine::generate(const pml::Prompt& prompt, const SamplingParams& param
       schema.get(), resolved, cache, request.use_cache, extra,
       AssembleOptions{request.reuse_buffer, request.in_place},
       RecomputeOptions{request.recompute.value_or(schema->layout.recompute.value_or(0)),
-                       request.recompute_criterion, request.recompute_select_layer});
+                       request.recompute_criterion, request.recompute_select_layer,
+                       request.recompute_first_k});
   buffer->schema = request.use_cache ? resolved.schema : "";
   buffer->entry = request.use_cache ? schema.get() : nullptr;
   GenerationTimings gt;
@@ -607,7 +607,8 @@ std::vector<Response> Engine::generate_batch(const std::vector<pml::Prompt>& pro
     entries.push_back(entry_for(p));
     resolved.push_back(pml::resolve(p, entries.back()->layout, *tokenizer_));
     const double share = request.recompute.value_or(entries.back()->layout.recompute.value_or(0));
-    recomputing = recomputing || (request.use_cache && share != 0);
+    recomputing = recomputing ||
+                  (request.use_cache && (share != 0 || !resolved.back().recompute_budgets.empty()));
   }
   if (recomputing) return generate_in_session(prompts, params, on_token, request);
   BufferLease buffer(*this, take_batch_buffer(rows), true);

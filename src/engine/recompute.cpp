@@ -82,17 +82,26 @@ torch::Tensor rotate_half(const torch::Tensor& x) {
 
 // Moves the cached slots to their baseline positions: keys are stored with RoPE at their
 // reserved position, and RoPE(to) = RoPE(to - from) o RoPE(from), so rotating by the difference
-// re-encodes them; values carry no position. Every slot is copied into the buffer first (a slot
-// held in the store's block is materialized, never written there).
+// re-encodes them; values carry no position. Only the slots from the first to the last one whose
+// position changes are touched (the modules before the first gap stay where they are, read in
+// place from the store when they were): those are copied into the buffer first (a slot held in
+// the store's block is materialized, never written there).
 void move_to_baseline(const LlamaModel& model, KVCache& cache, const std::vector<int64_t>& to) {
   const auto n = static_cast<int64_t>(to.size());
   if (n == 0) return;
+  int64_t lo = n, hi = -1;
   std::vector<int64_t> delta(to.size());
-  for (int64_t s = 0; s < n; ++s) delta[s] = to[s] - cache.positions()[s];
-  auto all = cache.all_slots(0, n);  // [layers, 2, 1, kv_heads, n, d]
-  if (std::any_of(delta.begin(), delta.end(), [](int64_t d) { return d != 0; })) {
-    auto [cos, sin] = model.rope_tables(torch::tensor(delta, torch::kInt64));  // [n, d] f32
-    auto keys = all.select(1, 0);
+  for (int64_t s = 0; s < n; ++s) {
+    delta[s] = to[s] - cache.positions()[s];
+    if (delta[s] != 0) {
+      lo = std::min(lo, s);
+      hi = s;
+    }
+  }
+  if (hi >= lo) {
+    std::vector<int64_t> moved(delta.begin() + lo, delta.begin() + hi + 1);
+    auto [cos, sin] = model.rope_tables(torch::tensor(moved, torch::kInt64));  // [m, d] f32
+    auto keys = cache.all_slots(lo, hi + 1 - lo).select(1, 0);  // [layers, 1, kv_heads, m, d]
     auto k = keys.to(torch::kFloat32);
     keys.copy_(k * cos + rotate_half(k) * sin);
   }
@@ -246,13 +255,118 @@ std::vector<int64_t> top_slots(const std::vector<double>& score, int64_t count) 
   return order;
 }
 
+// The firstk criterion (EPIC): the first `k` tokens of every run that does not start the schema.
+std::vector<bool> first_k_eligible(const SlotRuns& runs, int64_t k) {
+  std::vector<bool> eligible;
+  for (std::size_t s = 0; s < runs.offset.size(); ++s) {
+    eligible.push_back(!runs.schema_start[s] && runs.offset[s] < k);
+  }
+  return eligible;
+}
+
+// Which recompute budget each cached slot falls under: a selected module's own
+// (ResolvedPrompt::recompute_budgets, by its slots' reserved positions) or the request's share
+// (the shared pool, group -1), and how many slots each recomputes.
+struct SlotGroups {
+  std::vector<int> group;      // per cached slot: index into `count`, or -1 (the shared pool)
+  std::vector<int64_t> count;  // per module budget: the slots it recomputes
+  int64_t shared = 0;          // the shared pool's count
+  int64_t shared_slots = 0;    // the shared pool's slots
+
+  int64_t total() const { return std::accumulate(count.begin(), count.end(), shared); }
+};
+
+// `shared` < 0: recompute_count(fraction, the shared pool's slots).
+SlotGroups slot_groups(const pml::ResolvedPrompt& resolved, const std::vector<int64_t>& reserved,
+                       double fraction, int64_t shared = -1) {
+  struct Range {
+    int64_t begin, end;
+    int group;
+  };
+  std::vector<Range> ranges;
+  for (std::size_t g = 0; g < resolved.recompute_budgets.size(); ++g) {
+    for (const auto& [b, e] : resolved.recompute_budgets[g].ranges) {
+      ranges.push_back({static_cast<int64_t>(b), static_cast<int64_t>(e), static_cast<int>(g)});
+    }
+  }
+  std::sort(ranges.begin(), ranges.end(),
+            [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  SlotGroups groups;
+  std::vector<std::size_t> members(resolved.recompute_budgets.size(), 0);
+  for (int64_t position : reserved) {
+    auto it = std::upper_bound(ranges.begin(), ranges.end(), position,
+                               [](int64_t p, const Range& r) { return p < r.begin; });
+    int g = -1;
+    if (it != ranges.begin() && position < std::prev(it)->end) g = std::prev(it)->group;
+    groups.group.push_back(g);
+    if (g >= 0) {
+      ++members[static_cast<std::size_t>(g)];
+    } else {
+      ++groups.shared_slots;
+    }
+  }
+  for (std::size_t g = 0; g < members.size(); ++g) {
+    groups.count.push_back(
+        static_cast<int64_t>(resolved.recompute_budgets[g].budget.count(members[g])));
+  }
+  groups.shared = shared >= 0 ? std::min(shared, groups.shared_slots)
+                              : recompute_count(fraction, groups.shared_slots);
+  return groups;
+}
+
+// The best slots by `score` (higher first; ties to the earlier slot), each group's count of
+// them, in slot order. With `first`, the slots it marks come before all others, ranked among
+// themselves by `first_score`. A slot scored -inf (and not marked) is never taken.
+std::vector<int64_t> pick(const std::vector<double>& score, const SlotGroups& groups,
+                          const std::vector<bool>* first = nullptr,
+                          const std::vector<double>* first_score = nullptr) {
+  auto tier = [&](int64_t s) { return first != nullptr && (*first)[s]; };
+  auto key = [&](int64_t s) { return tier(s) ? (*first_score)[s] : score[s]; };
+  std::vector<int64_t> order(score.size());
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    if (tier(a) != tier(b)) return tier(a);
+    return key(a) > key(b);
+  });
+  std::vector<int64_t> left = groups.count;
+  int64_t shared_left = groups.shared;
+  std::vector<int64_t> chosen;
+  for (int64_t s : order) {
+    if (!tier(s) && score[s] == -std::numeric_limits<double>::infinity()) continue;
+    const int g = groups.group[s];
+    int64_t& l = g < 0 ? shared_left : left[static_cast<std::size_t>(g)];
+    if (l > 0) {
+      chosen.push_back(s);
+      --l;
+    }
+  }
+  std::sort(chosen.begin(), chosen.end());
+  return chosen;
+}
+
+// How many tokens the gradual criterion recomputes on each of `layers` layers: 1.5x `count` on
+// the first, linearly down to 0.5x on the last (`count` on average), within [1, cached] (none
+// when `count` is 0).
+std::vector<int64_t> gradual_sizes(int64_t count, int64_t cached, int64_t layers) {
+  std::vector<int64_t> sizes;
+  for (int64_t i = 0; i < layers; ++i) {
+    const double share = layers == 1 ? 1.0 : 1.5 - static_cast<double>(i) / (layers - 1);
+    const auto size = static_cast<int64_t>(std::llround(share * static_cast<double>(count)));
+    sizes.push_back(count <= 0 ? 0 : std::clamp<int64_t>(size, 1, cached));
+  }
+  return sizes;
+}
+
 // The chosen slots, in slot order, with `cache` already at the baseline positions (`runs` read
-// before the move); `pass` receives the deviation pass when one ran.
+// before the move); `pass` receives the deviation pass when one ran. For the gradual criterion,
+// the slots its first layer recomputes. A module budget's slots are chosen among that module's
+// slots, by the same criterion.
 std::vector<int64_t> choose(const LlamaModel& model, const pml::ResolvedPrompt& resolved,
                             const BaselineMap& map, const AssembledPrompt& assembled,
-                            KVCache& cache, const SlotRuns& runs, int64_t count,
+                            KVCache& cache, const SlotRuns& runs, const SlotGroups& groups,
                             const RecomputeOptions& options, DeviationPass* pass) {
   const auto cached = static_cast<int64_t>(map.cached_position.size());
+  const int64_t count = groups.total();
   if (count <= 0) return {};
   if (count >= cached) {
     std::vector<int64_t> all(static_cast<std::size_t>(cached));
@@ -261,37 +375,206 @@ std::vector<int64_t> choose(const LlamaModel& model, const pml::ResolvedPrompt& 
   }
   switch (options.criterion) {
     case RecomputeCriterion::kBoundary:
-      return top_slots(boundary_scores(runs), count);
+      return pick(boundary_scores(runs), groups);
     case RecomputeCriterion::kRecent:
-      return top_slots(std::vector<double>(runs.reserved.begin(), runs.reserved.end()), count);
+      return pick(std::vector<double>(runs.reserved.begin(), runs.reserved.end()), groups);
     case RecomputeCriterion::kAttention:
-      return top_slots(attention_scores(model, map, assembled, cache, runs), count);
+      return pick(attention_scores(model, map, assembled, cache, runs), groups);
+    case RecomputeCriterion::kFirstK: {
+      // The shared pool takes only first-k slots; a module's budget its module's first slots.
+      std::vector<double> score = boundary_scores(runs);
+      const std::vector<bool> eligible = first_k_eligible(runs, options.first_k);
+      for (std::size_t s = 0; s < score.size(); ++s) {
+        if (groups.group[s] < 0 && !eligible[s]) {
+          score[s] = -std::numeric_limits<double>::infinity();
+        }
+      }
+      return pick(score, groups);
+    }
     case RecomputeCriterion::kDeviation:
     case RecomputeCriterion::kImpact:
+    case RecomputeCriterion::kFirstKDeviation:
+    case RecomputeCriterion::kFirstKImpact:
+    case RecomputeCriterion::kGradual:
       break;
   }
   DeviationPass local = deviation_pass(model, resolved, map, cache, options.select_layer);
-  if (options.criterion == RecomputeCriterion::kImpact) {
+  if (options.criterion == RecomputeCriterion::kImpact ||
+      options.criterion == RecomputeCriterion::kFirstKImpact) {
     // Weighted by the attention the fresh tokens pay on the layers the pass leaves stale.
     const auto mass = attention_mass(model, map, assembled, cache, local.kv_layers);
     for (std::size_t s = 0; s < mass.size(); ++s) local.score[s] *= mass[s];
   }
-  auto slots = top_slots(local.score, count);
+  std::vector<int64_t> slots;
+  if (options.criterion == RecomputeCriterion::kFirstKDeviation ||
+      options.criterion == RecomputeCriterion::kFirstKImpact) {
+    const std::vector<bool> eligible = first_k_eligible(runs, options.first_k);
+    const std::vector<double> order = boundary_scores(runs);
+    slots = pick(local.score, groups, &eligible, &order);
+  } else if (options.criterion == RecomputeCriterion::kGradual) {
+    const int64_t layers = model.config().num_hidden_layers - local.layers;
+    SlotGroups first = groups;
+    first.shared =
+        gradual_sizes(groups.shared, groups.shared_slots, std::max<int64_t>(layers, 1))[0];
+    slots = pick(local.score, first);
+  } else {
+    slots = pick(local.score, groups);
+  }
   if (pass != nullptr) *pass = std::move(local);
   return slots;
 }
 
 // Moves the prompt to its baseline positions and chooses the slots (the runs are read first:
-// the move replaces the reserved positions and the provenance tags).
+// the move replaces the reserved positions and the provenance tags). `shared` as slot_groups'.
 std::vector<int64_t> move_and_choose(const LlamaModel& model, const pml::ResolvedPrompt& resolved,
                                      const BaselineMap& map, const AssembledPrompt& assembled,
-                                     KVCache& cache, int64_t count, const RecomputeOptions& options,
-                                     DeviationPass* pass, double* move_ms = nullptr) {
+                                     KVCache& cache, const RecomputeOptions& options,
+                                     DeviationPass* pass, SlotGroups* groups_out,
+                                     int64_t shared = -1, double* move_ms = nullptr) {
   const SlotRuns runs = slot_runs(cache);
+  SlotGroups groups = slot_groups(resolved, runs.reserved, options.fraction, shared);
   const double start = now_ms();
   move_to_baseline(model, cache, map.cached_position);
   if (move_ms != nullptr) *move_ms = now_ms() - start;
-  return choose(model, resolved, map, assembled, cache, runs, count, options, pass);
+  auto slots = choose(model, resolved, map, assembled, cache, runs, groups, options, pass);
+  if (groups_out != nullptr) *groups_out = std::move(groups);
+  return slots;
+}
+
+// The pass's K/V of its layers [from, pass.kv_layers) into slots [0, order.size()) of `cache`:
+// slot i takes baseline token order[i]'s (they are the full-context ones).
+void pass_states_into(const DeviationPass& pass, KVCache& cache, int64_t from,
+                      const std::vector<int64_t>& order, const LlamaModel& model) {
+  if (order.empty()) return;
+  auto index = torch::tensor(order, torch::kInt64).to(model.device());
+  const auto count = static_cast<int64_t>(order.size());
+  const int64_t n = pass.scratch.length();
+  for (int64_t l = from; l < pass.kv_layers; ++l) {
+    cache.key_slots(l, 0, count).copy_(pass.scratch.key_slots(l, 0, n).index_select(2, index));
+    cache.value_slots(l, 0, count).copy_(pass.scratch.value_slots(l, 0, n).index_select(2, index));
+  }
+}
+
+// The gradual criterion's forward (CacheBlend's gradual filtering), after the deviation pass
+// chose `slots` (its first layer's set, the last prompt token's slot included when it is a
+// cached one): the slots and the fresh tokens run one layer at a time from the pass's last
+// layer on, each seeing by position the earlier slots not in the set and the earlier new tokens.
+// Before each later layer the set shrinks to gradual_sizes(): the slots whose K/V on that layer,
+// projected from their new hidden states, deviate most from the stored ones stay. Each layer's
+// K/V go to the slots of the set; the fresh tokens' are kept aside until they are put after the
+// cached slots. Returns the logits after the last prompt token; `recomputed` receives the mean
+// set size over the layers run.
+torch::Tensor gradual_prefill(const LlamaModel& model, const pml::ResolvedPrompt& resolved,
+                              const BaselineMap& map, const AssembledPrompt& assembled,
+                              KVCache& cache, const DeviationPass& pass, std::vector<int64_t> slots,
+                              const SlotGroups& groups, int64_t* recomputed) {
+  const auto cached = static_cast<int64_t>(map.cached_position.size());
+  const auto n = static_cast<int64_t>(resolved.baseline.size());
+  const int64_t layers = model.config().num_hidden_layers, first = pass.layers;
+  // The shared pool shrinks; a module budget's slots stay on every layer.
+  const auto sizes =
+      gradual_sizes(groups.shared, groups.shared_slots, std::max<int64_t>(layers - first, 1));
+  // The pass's K/V of select_layer (projected only): what the set reads there.
+  std::vector<int64_t> cached_order = map.cached_position;
+  pass_states_into(pass, cache, first, cached_order, model);
+  torch::Tensor hidden = pass.hidden.clone();  // [1, n, hidden] by baseline position
+  std::vector<torch::Tensor> fresh_keys(layers), fresh_values(layers);
+  std::vector<int64_t> fresh_positions;
+  torch::Tensor logits;
+  int64_t total = 0;
+  const auto device = model.device();
+  for (int64_t l = first; l < layers; ++l) {
+    std::size_t kept_always = 0;  // module budgets' slots
+    for (int64_t s : slots) {
+      kept_always += groups.group[s] >= 0 ? 1 : 0;
+    }
+    const auto keep =
+        static_cast<std::size_t>(sizes[static_cast<std::size_t>(l - first)]) + kept_always;
+    if (l > first && keep < slots.size()) {
+      std::vector<int64_t> at;
+      for (int64_t s : slots) at.push_back(map.cached_position[s]);
+      auto pos = torch::tensor(at, torch::kInt64);
+      auto [keys, values] =
+          model.layer_key_values(l, hidden.index_select(1, pos.to(device)), pos.unsqueeze(0));
+      auto index = torch::tensor(slots, torch::kInt64).to(device);
+      auto diff = [&](const torch::Tensor& now, const torch::Tensor& stored) {
+        auto d = now.to(torch::kFloat32) - stored.index_select(2, index).to(torch::kFloat32);
+        return d.pow(2).sum({0, 1, 3});
+      };
+      auto score = (diff(keys, cache.key_slots(l, 0, cached)) +
+                    diff(values, cache.value_slots(l, 0, cached)))
+                       .to(torch::kCPU, torch::kFloat64)
+                       .contiguous();
+      std::vector<double> ranked(score.data_ptr<double>(), score.data_ptr<double>() + slots.size());
+      for (std::size_t i = 0; i < slots.size(); ++i) {  // these always stay
+        if (at[i] == n - 1 || groups.group[slots[i]] >= 0) {
+          ranked[i] = std::numeric_limits<double>::infinity();
+        }
+      }
+      std::vector<int64_t> kept;
+      for (int64_t i : top_slots(ranked, static_cast<int64_t>(keep))) kept.push_back(slots[i]);
+      slots = std::move(kept);
+    }
+    // The set and the fresh tokens in position order.
+    std::vector<std::pair<int64_t, int64_t>> order;  // (position, slot or -1 - fresh index)
+    for (int64_t s : slots) order.emplace_back(map.cached_position[s], s);
+    for (std::size_t i = 0; i < assembled.fresh_tokens.size(); ++i) {
+      order.emplace_back(map.fresh_position[i], -1 - static_cast<int64_t>(i));
+    }
+    std::sort(order.begin(), order.end());
+    const auto m = static_cast<int64_t>(order.size());
+    std::vector<int64_t> ids, positions, fresh_rows;
+    for (std::size_t j = 0; j < order.size(); ++j) {
+      const auto [position, who] = order[j];
+      positions.push_back(position);
+      ids.push_back(resolved.baseline[position]);
+      if (who < 0) fresh_rows.push_back(static_cast<int64_t>(j));
+    }
+    std::vector<int64_t> old_positions = map.cached_position;
+    for (int64_t s : slots) old_positions[s] = std::numeric_limits<int64_t>::max();
+    auto query = torch::tensor(positions, torch::kInt64);
+    ForwardOptions forward;
+    forward.attention_mask = visible_by_position(old_positions, query);
+    forward.first_layer = l;
+    forward.layers = l + 1 < layers ? l + 1 : 0;  // the last layer returns the logits
+    forward.hidden = hidden.index_select(1, query.to(device));
+    cache.reserve(cached + m);
+    auto out = model.forward(torch::tensor(ids, torch::kInt64).unsqueeze(0), query.unsqueeze(0),
+                             cache, forward);
+    total += static_cast<int64_t>(slots.size());
+    for (int64_t j = 0; j < m; ++j) {
+      const int64_t who = order[static_cast<std::size_t>(j)].second;
+      if (who < 0) continue;
+      cache.key_slots(l, who, 1).copy_(cache.key_slots(l, cached + j, 1));
+      cache.value_slots(l, who, 1).copy_(cache.value_slots(l, cached + j, 1));
+    }
+    if (!fresh_rows.empty()) {
+      auto rows = torch::tensor(fresh_rows, torch::kInt64).to(device);
+      fresh_keys[l] = cache.key_slots(l, cached, m).index_select(2, rows);
+      fresh_values[l] = cache.value_slots(l, cached, m).index_select(2, rows);
+    }
+    cache.truncate(cached);
+    if (l + 1 < layers) {
+      hidden.index_copy_(1, query.to(device), out.to(hidden.scalar_type()));
+    } else {
+      logits = out;
+      for (int64_t j : fresh_rows) fresh_positions.push_back(positions[j]);
+    }
+  }
+  // The fresh tokens after the cached slots: the layers run here, then the pass's (exact) ones.
+  const auto fresh = static_cast<int64_t>(fresh_positions.size());
+  if (fresh > 0) {
+    cache.reserve(cached + fresh);
+    for (int64_t l = first; l < layers; ++l) {
+      cache.key_slots(l, cached, fresh).copy_(fresh_keys[l]);
+      cache.value_slots(l, cached, fresh).copy_(fresh_values[l]);
+    }
+    cache.fill_external(fresh, fresh_positions);
+  }
+  cached_order.insert(cached_order.end(), fresh_positions.begin(), fresh_positions.end());
+  pass_states_into(pass, cache, 0, cached_order, model);
+  *recomputed = total / std::max<int64_t>(layers - first, 1);
+  return logits;
 }
 
 }  // namespace
@@ -302,9 +585,14 @@ RecomputeCriterion parse_recompute_criterion(const std::string& text) {
   if (text == "recent") return RecomputeCriterion::kRecent;
   if (text == "attention") return RecomputeCriterion::kAttention;
   if (text == "impact") return RecomputeCriterion::kImpact;
+  if (text == "firstk") return RecomputeCriterion::kFirstK;
+  if (text == "firstk+deviation") return RecomputeCriterion::kFirstKDeviation;
+  if (text == "firstk+impact") return RecomputeCriterion::kFirstKImpact;
+  if (text == "gradual") return RecomputeCriterion::kGradual;
   throw Error(ErrorKind::kInvalidArgument,
               "unknown recompute criterion '" + text +
-                  "' (use impact, deviation, boundary, recent or attention)");
+                  "' (use impact, deviation, boundary, recent, attention, firstk, "
+                  "firstk+deviation, firstk+impact or gradual)");
 }
 
 std::string recompute_criterion_name(RecomputeCriterion criterion) {
@@ -317,6 +605,14 @@ std::string recompute_criterion_name(RecomputeCriterion criterion) {
       return "attention";
     case RecomputeCriterion::kImpact:
       return "impact";
+    case RecomputeCriterion::kFirstK:
+      return "firstk";
+    case RecomputeCriterion::kFirstKDeviation:
+      return "firstk+deviation";
+    case RecomputeCriterion::kFirstKImpact:
+      return "firstk+impact";
+    case RecomputeCriterion::kGradual:
+      return "gradual";
     case RecomputeCriterion::kDeviation:
       break;
   }
@@ -337,12 +633,27 @@ int64_t recompute_count(double fraction, int64_t cached) {
   return std::clamp<int64_t>(count, 1, cached);
 }
 
+bool recompute_requested(const RecomputeOptions& options, const pml::ResolvedPrompt& resolved) {
+  return recompute_capacity(options, resolved) > 0;
+}
+
+int64_t recompute_capacity(const RecomputeOptions& options, const pml::ResolvedPrompt& resolved) {
+  int64_t count = recompute_count(options.fraction, static_cast<int64_t>(resolved.baseline.size()));
+  for (const pml::RecomputeBudget& b : resolved.recompute_budgets) {
+    std::size_t tokens = 0;
+    for (const auto& [begin, end] : b.ranges) tokens += end - begin;
+    count += static_cast<int64_t>(b.budget.count(tokens));
+  }
+  return count;
+}
+
 std::vector<int64_t> choose_recompute_slots(const LlamaModel& model,
                                             const pml::ResolvedPrompt& resolved,
                                             const AssembledPrompt& assembled, KVCache& cache,
                                             int64_t count, const RecomputeOptions& options) {
   const BaselineMap map = map_to_baseline(resolved, assembled, cache);
-  return move_and_choose(model, resolved, map, assembled, cache, count, options, nullptr);
+  return move_and_choose(model, resolved, map, assembled, cache, options, nullptr, nullptr,
+                         std::max<int64_t>(count, 0));
 }
 
 torch::Tensor recompute_prefill(const LlamaModel& model, const pml::ResolvedPrompt& resolved,
@@ -353,14 +664,19 @@ torch::Tensor recompute_prefill(const LlamaModel& model, const pml::ResolvedProm
                 "recompute: select_layer must be a layer index (>= 0), got " +
                     std::to_string(options.select_layer));
   }
+  if (options.first_k < 1 || options.first_k > kMaxRecomputeFirstK) {
+    throw Error(ErrorKind::kInvalidArgument, "recompute: first_k must be 1.." +
+                                                 std::to_string(kMaxRecomputeFirstK) + ", got " +
+                                                 std::to_string(options.first_k));
+  }
   const int64_t cached = assembled.cached_tokens;
   const double select_start = now_ms();
   const BaselineMap map = map_to_baseline(resolved, assembled, cache);
   DeviationPass pass;
   double move_ms = 0;
-  std::vector<int64_t> selected =
-      move_and_choose(model, resolved, map, assembled, cache,
-                      recompute_count(options.fraction, cached), options, &pass, &move_ms);
+  SlotGroups groups;
+  std::vector<int64_t> selected = move_and_choose(model, resolved, map, assembled, cache, options,
+                                                  &pass, &groups, -1, &move_ms);
   // The logits come after the prompt's last token: when that is a cached slot (a prompt whose
   // fresh tokens are all arguments), it runs too.
   const int64_t last = static_cast<int64_t>(resolved.baseline.size()) - 1;
@@ -371,6 +687,21 @@ torch::Tensor recompute_prefill(const LlamaModel& model, const pml::ResolvedProm
     }
   }
   const double select_ms = now_ms() - select_start - move_ms;
+  if (options.criterion == RecomputeCriterion::kGradual && pass.layers > 0 &&
+      pass.layers < model.config().num_hidden_layers) {
+    const double forward_start = now_ms();
+    int64_t recomputed = 0;
+    auto logits = gradual_prefill(model, resolved, map, assembled, cache, pass, selected, groups,
+                                  &recomputed);
+    if (report != nullptr) {
+      report->recomputed_tokens = recomputed;
+      report->move_ms = move_ms;
+      report->select_ms = select_ms;
+      report->forward_ms = now_ms() - forward_start;
+      report->finish_ms = 0;
+    }
+    return logits.reshape({-1});
+  }
   // The new tokens in baseline order: the chosen slots and the fresh tokens. Each sees, by
   // position, the earlier slots not chosen and the earlier (and its own) new tokens; the chosen
   // slots' stale states are hidden from all of them.
@@ -410,13 +741,7 @@ torch::Tensor recompute_prefill(const LlamaModel& model, const pml::ResolvedProm
   if (exact > first) {
     // The pass's K/V of layers [first, exact) (select_layer's, projected only) are what the new
     // tokens' attention reads there: in the cached slots before the forward, not stale ones.
-    auto index = torch::tensor(map.cached_position, torch::kInt64).to(model.device());
-    const auto n = static_cast<int64_t>(resolved.baseline.size());
-    for (int64_t l = first; l < exact; ++l) {
-      cache.key_slots(l, 0, cached).copy_(pass.scratch.key_slots(l, 0, n).index_select(2, index));
-      cache.value_slots(l, 0, cached)
-          .copy_(pass.scratch.value_slots(l, 0, n).index_select(2, index));
-    }
+    pass_states_into(pass, cache, first, map.cached_position, model);
   }
   const double forward_start = now_ms();
   auto logits = model.forward(torch::tensor(ids, torch::kInt64).unsqueeze(0), query.unsqueeze(0),
@@ -448,14 +773,7 @@ torch::Tensor recompute_prefill(const LlamaModel& model, const pml::ResolvedProm
     // The pass's layers, for every slot in its final place (cached slots, then fresh ones).
     std::vector<int64_t> order = map.cached_position;
     order.insert(order.end(), fresh_positions.begin(), fresh_positions.end());
-    auto index = torch::tensor(order, torch::kInt64).to(model.device());
-    const auto n = static_cast<int64_t>(resolved.baseline.size());
-    for (int64_t l = 0; l < exact; ++l) {
-      cache.key_slots(l, 0, next_fresh)
-          .copy_(pass.scratch.key_slots(l, 0, n).index_select(2, index));
-      cache.value_slots(l, 0, next_fresh)
-          .copy_(pass.scratch.value_slots(l, 0, n).index_select(2, index));
-    }
+    pass_states_into(pass, cache, 0, order, model);
   }
   if (report != nullptr) {
     report->recomputed_tokens = static_cast<int64_t>(selected.size());

@@ -146,7 +146,8 @@ std::vector<ScoreResponse> Engine::score_batch(
         prompts.size() > 1 ? " of prompt " + std::to_string(i + 1) + " of the batch" : "";
     check_continuations(continuations[i], next, vocab, limit, row, r.where);
     const double share = request.recompute.value_or(entries.back()->layout.recompute.value_or(0));
-    recomputing = recomputing || (request.use_cache && share != 0);
+    recomputing =
+        recomputing || (request.use_cache && (share != 0 || !r.recompute_budgets.empty()));
   }
   if (prompts.size() == 1 || recomputing) {
     std::vector<ScoreResponse> out;
@@ -185,7 +186,8 @@ std::vector<ScoreResponse> Engine::score_rows(
         schema.get(), r, (*lease)->cache, request.use_cache, most_packed,
         AssembleOptions{request.reuse_buffer, request.in_place},
         RecomputeOptions{request.recompute.value_or(schema->layout.recompute.value_or(0)),
-                         request.recompute_criterion, request.recompute_select_layer});
+                         request.recompute_criterion, request.recompute_select_layer,
+                         request.recompute_first_k});
     (*lease)->schema = request.use_cache ? r.schema : "";
     (*lease)->entry = request.use_cache ? schema.get() : nullptr;
     prompt_logits = pre.logits.reshape({1, -1});

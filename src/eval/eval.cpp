@@ -333,6 +333,10 @@ std::vector<std::optional<Outcome>> Evaluation::run_batch(std::vector<std::strin
   const std::string& data = data_;
   RequestOptions request;
   request.use_cache = options_.use_cache;
+  request.recompute = options_.recompute;
+  request.recompute_criterion = options_.recompute_criterion;
+  request.recompute_select_layer = options_.recompute_select_layer;
+  request.recompute_first_k = options_.recompute_first_k;
   const auto& cancelled = options_.cancelled;
   auto check_cancelled = [&] {
     if (cancelled && cancelled()) throw Error(ErrorKind::kCancelled, "the evaluation was stopped");

@@ -93,6 +93,25 @@ std::vector<KVSegment> first_slots(const std::vector<KVSegment>& segments, int64
   return out;
 }
 
+std::vector<KVSegment> slot_range(const std::vector<KVSegment>& segments, int64_t begin,
+                                  int64_t count) {
+  std::vector<KVSegment> out;
+  for (const auto& s : segments) {
+    if (count <= 0) break;
+    if (begin >= s.slots()) {
+      begin -= s.slots();
+      continue;
+    }
+    const int64_t take = std::min(count, s.slots() - begin);
+    out.push_back(take == s.slots()
+                      ? s
+                      : KVSegment{s.keys.narrow(2, begin, take), s.values.narrow(2, begin, take)});
+    count -= take;
+    begin = 0;
+  }
+  return out;
+}
+
 torch::Tensor attend_few_queries(const torch::Tensor& qg, const torch::Tensor& keys,
                                  const torch::Tensor& values, const torch::Tensor& mask,
                                  int64_t open, int threads) {

@@ -506,6 +506,38 @@ torch::Tensor attend_split_heads(const torch::Tensor& qg, const torch::Tensor& k
 // 100-token question over 2048 slots 1.5x faster (docs/benchmarks-history.md).
 constexpr int64_t kFusedBlockTokens = 64;
 
+// Under an explicit mask, the columns a block of rows reads: the cached slots [0, past) up to
+// the last one any row sees (and at least the `open` ones), then the new tokens' slots [past,
+// total) up to the last one any row sees. For recompute.hpp's forward (chosen slots in position
+// order among the stored ones), a block's rows see only the slots before their positions, so it
+// reads about the prefix they can see instead of the whole assembled cache. `slots` and `mask`
+// ([.., rows, total]) are narrowed to those columns.
+void bound_block_columns(std::vector<KVSegment>& slots, torch::Tensor& mask, int64_t past,
+                         int64_t& open) {
+  const int64_t total = mask.size(-1);
+  auto seen = mask.reshape({-1, total}).any(0).to(torch::kCPU).contiguous();
+  const bool* v = seen.data_ptr<bool>();
+  int64_t hi_past = std::min(open, past), hi_new = 0;
+  for (int64_t c = past - 1; c >= hi_past; --c) {
+    if (v[c]) {
+      hi_past = c + 1;
+      break;
+    }
+  }
+  for (int64_t c = total - 1; c >= past; --c) {
+    if (v[c]) {
+      hi_new = c + 1 - past;
+      break;
+    }
+  }
+  if (hi_past == past && hi_new == total - past) return;
+  auto kept = first_slots(slots, hi_past);
+  for (auto& s : slot_range(slots, past, hi_new)) kept.push_back(std::move(s));
+  slots = std::move(kept);
+  mask = torch::cat({mask.narrow(-1, 0, hi_past), mask.narrow(-1, past, hi_new)}, -1);
+  open = std::min(open, hi_past);
+}
+
 torch::Tensor attend_fused_blocks(const torch::Tensor& q, const std::vector<KVSegment>& slots,
                                   const torch::Tensor& mask, bool causal, int64_t past,
                                   int64_t open_slots, int threads) {
@@ -513,7 +545,8 @@ torch::Tensor attend_fused_blocks(const torch::Tensor& q, const std::vector<KVSe
   const int64_t hkv = slots.front().keys.size(1), groups = hq / hkv;
   int64_t total = 0;
   for (const auto& s : slots) total += s.slots();
-  if (n <= kFusedBlockTokens) {  // one block: the kernel's output is the result
+  const bool bounded = !causal && mask.defined();  // blocks read only the columns they see
+  if (n <= kFusedBlockTokens && !bounded) {        // one block: the kernel's output is the result
     return attend_few_queries(q.reshape({b, hkv, groups * n, d}), slots, mask,
                               causal ? past : open_slots, threads)
         .view({b, hq, n, d});
@@ -525,9 +558,11 @@ torch::Tensor attend_fused_blocks(const torch::Tensor& q, const std::vector<KVSe
     torch::Tensor block_mask;
     if (mask.defined()) block_mask = mask.narrow(-2, i0, rows).narrow(-1, 0, visible);
     // Under the causal rule row i0 sees every slot before past + i0.
-    const int64_t open = causal ? past + i0 : std::min(open_slots, visible);
+    int64_t open = causal ? past + i0 : std::min(open_slots, visible);
+    auto block_slots = first_slots(slots, visible);
+    if (bounded) bound_block_columns(block_slots, block_mask, past, open);
     auto block = attend_few_queries(q.narrow(2, i0, rows).reshape({b, hkv, groups * rows, d}),
-                                    first_slots(slots, visible), block_mask, open, threads);
+                                    block_slots, block_mask, open, threads);
     out.narrow(2, i0, rows).copy_(block.view({b, hq, rows, d}));
   }
   return out;

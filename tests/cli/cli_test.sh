@@ -431,6 +431,22 @@ assert s["summary"] and s["prompts"] == 1 and s["first_token_agreement"] == 1.0,
     "$pc" run --model "$work/tiny" --schema "$work/trip-r.xml" --prompt "$src/schemas/trip.prompt.xml" \
       --recompute 0 -n 1 --json >"$work/z.json" 2>"$work/z.err" || fail "run --recompute 0: $(cat "$work/z.err")"
     python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["recomputed_tokens"] == 0, j' "$work/z.json" || fail "--recompute 0 did not override: $(cat "$work/z.json")"
+    # A module's own budget applies with no share given; the prompt overrides and adds budgets.
+    sed 's/<module name="city"/<module name="city" recompute="5"/' "$src/schemas/trip.xml" >"$work/trip-m.xml"
+    grep -q 'recompute="5"' "$work/trip-m.xml" || fail "could not add the module's recompute attribute"
+    sed -e 's|<city/>|<city recompute="0"/>|' -e 's|<rainy/>|<rainy recompute="2"/>|' \
+      "$src/schemas/trip.prompt.xml" >"$work/trip-m.prompt.xml"
+    for p in "$src/schemas/trip.prompt.xml:5" "$work/trip-m.prompt.xml:2"; do
+      "$pc" run --model "$work/tiny" --schema "$work/trip-m.xml" --prompt "${p%:*}" -n 1 --json \
+        >"$work/m.json" 2>"$work/m.err" || fail "run with a module budget: $(cat "$work/m.err")"
+      python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["recomputed_tokens"] == int(sys.argv[2]), j' \
+        "$work/m.json" "${p##*:}" || fail "module budget: expected ${p##*:} recomputed: $(cat "$work/m.json")"
+    done
+    sed 's|<city/>|<city recompute="1.5"/>|' "$src/schemas/trip.prompt.xml" >"$work/bad.prompt.xml"
+    "$pc" run --model "$work/tiny" --schema "$work/trip-m.xml" --prompt "$work/bad.prompt.xml" -n 1 \
+      >"$work/bad.out" 2>&1 && fail "a bad recompute override was accepted"
+    expect_in 'bad.prompt.xml:2' "$work/bad.out"
+    expect_in 'recompute="1.5" on <city>' "$work/bad.out"
     ;;
   tiers_budget)
     # A tiny host budget: the same answer as without one; the stats say spans were evicted and
@@ -569,6 +585,41 @@ assert summary["accuracy"] >= 0.5, summary  # the real model knows how these sto
 assert summary["check"]["rows"] == 3
 print("stories260K accuracy:", summary["accuracy"], "rows/s:", round(summary["rows_per_s"], 1))
 PY
+    ;;
+  eval_check_fidelity)
+    # --check on generated rows reports the agreement `promptcache fidelity` measures, with the
+    # run's recompute: a prefix row and a row after a gap ("park" left out); at --recompute 1
+    # every cached token runs in its full context, so both agree with the no-cache run exactly.
+    need_stories
+    ex="$src/examples/eval"
+    printf '%s\n' '{"id": "prefix", "prompt": "One day, Lily went to the park and", "max_tokens": 12}' \
+      '{"id": "gap", "modules": ["instruction", "home"], "prompt": "Tim was tired, so he", "max_tokens": 12}' \
+      '{"id": "scored", "prompt": "Lily had a red", "choices": ["ball", "tree"], "answer": 0}' >"$work/d.jsonl"
+    for r in none 1; do
+      extra=()
+      [ "$r" = none ] || extra=(--recompute "$r")
+      "$pc" eval --model "$stories" --template plain --schema "$ex/stories.xml" --data "$work/d.jsonl" \
+        --out "$work/r-$r.jsonl" --json --check 3 "${extra[@]}" >"$work/sum-$r.json" 2>"$work/err-$r" || fail "eval --check ($r): $(cat "$work/err-$r")"
+      expect_in "greedy against no cache" "$work/err-$r"
+    done
+    python3 - "$work/sum-none.json" "$work/sum-1.json" <<'PY' || fail "bad --check fidelity: $(cat "$work/sum-none.json" "$work/sum-1.json")"
+import json, sys
+plain, full = (json.loads(open(f).read().strip().splitlines()[-1])["check"] for f in sys.argv[1:3])
+for c in (plain, full):
+    assert c["rows"] == 3 and c["generated"] == 2 and c["scored"] == 1, c
+    for k in ("first_token_agreement", "exact_agreement"):
+        assert 0 <= c[k] <= 1, c
+    assert c["mean_agreed_tokens"] > 0 and c["mean_first_token_kl"] >= 0, c
+assert plain["recompute"] == 0 and full["recompute"] == 1, (plain, full)
+assert full["first_token_agreement"] == 1 and full["exact_agreement"] == 1, full
+assert full["mean_first_token_kl"] < 1e-6, full
+assert full["mean_first_token_kl"] <= plain["mean_first_token_kl"] + 1e-9, (plain, full)
+print("eval --check: r = 0", plain, "r = 1", full)
+PY
+    # A bad share is refused before any row runs.
+    "$pc" eval --model "$stories" --template plain --schema "$ex/stories.xml" --data "$work/d.jsonl" \
+      --out "$work/bad.jsonl" --check 1 --recompute 1.5 >/dev/null 2>"$work/bad.err" && fail "eval --recompute 1.5 succeeded"
+    expect_in "--recompute" "$work/bad.err"
     ;;
   eval_resume)
     # A run killed with SIGKILL mid-way and run again: every id exactly once, with the rows of the

@@ -154,9 +154,36 @@ TEST_CASE("errors: bad schemas", "[pml][errors]") {
        "recompute=\"nan\""},
       {"recompute empty", "<schema name=\"s\" recompute=\"\">x</schema>", ErrorKind::kSchema, 1,
        "<schema name=\"s\">"},
-      {"recompute on a module",
-       "<schema name=\"s\">\n  <module name=\"m\" recompute=\"0.1\">M</module>\n</schema>",
+      {"module recompute not a number",
+       "<schema name=\"s\">\n  <module name=\"m\" recompute=\"some\">M</module>\n</schema>",
+       ErrorKind::kSchema, 2, "<module name=\"m\""},
+      {"module recompute fraction above 1",
+       "<schema name=\"s\">\n\n  <module name=\"m\" recompute=\"1.5\">M</module>\n</schema>",
+       ErrorKind::kSchema, 3, "recompute=\"1.5\" on <module>"},
+      {"module recompute negative",
+       "<schema name=\"s\">\n  <module name=\"m\" recompute=\"-3\">M</module>\n</schema>",
+       ErrorKind::kSchema, 2, "a whole number of tokens"},
+      {"module recompute with a unit",
+       "<schema name=\"s\">\n  <module name=\"m\" recompute=\"16t\">M</module>\n</schema>",
+       ErrorKind::kSchema, 2, "recompute=\"16t\""},
+      {"module recompute token count too large",
+       "<schema name=\"s\">\n  <module name=\"m\" recompute=\"99999999999\">M</module>\n</schema>",
+       ErrorKind::kSchema, 2, "recompute=\"99999999999\""},
+      {"module recompute empty",
+       "<schema name=\"s\">\n  <module name=\"m\" recompute=\"\">M</module>\n</schema>",
+       ErrorKind::kSchema, 2, "<module name=\"m\""},
+      {"module recompute infinite",
+       "<schema name=\"s\">\n  <module name=\"m\" recompute=\"inf\">M</module>\n</schema>",
+       ErrorKind::kSchema, 2, "recompute=\"inf\""},
+      {"recompute on a union",
+       "<schema name=\"s\">\n  <union recompute=\"2\"><module "
+       "name=\"m\">M</module></union>\n</schema>",
        ErrorKind::kSchema, 2, "unknown attribute 'recompute'"},
+      {"parameter named recompute",
+       "<schema name=\"s\">\n  <module name=\"m\">M\n    <parameter name=\"recompute\" "
+       "length=\"2\"/>"
+       "</module>\n</schema>",
+       ErrorKind::kSchema, 3, "parameter name 'recompute' is reserved"},
   };
   CHECK(cases.size() >= 20);
   for (const BadInput& c : cases) {
@@ -216,6 +243,15 @@ TEST_CASE("errors: bad prompts", "[pml][errors]") {
        "<a>"},
       {"module referenced twice", "<prompt schema=\"s\">\n  <a/>\n  <a/>\n</prompt>",
        ErrorKind::kPrompt, 3, "<a>"},
+      {"recompute override not a number",
+       "<prompt schema=\"s\">\n  <a/>\n  <p recompute=\"lots\"/>\n</prompt>", ErrorKind::kPrompt, 3,
+       "recompute=\"lots\" on <p>"},
+      {"recompute override fraction above 1",
+       "<prompt schema=\"s\">\n  <a recompute=\"2.5\"/>\n</prompt>", ErrorKind::kPrompt, 2,
+       "recompute=\"2.5\" on <a>"},
+      {"recompute override on a nested reference",
+       "<prompt schema=\"s\">\n  <a>\n    <b recompute=\"-1\"/>\n  </a>\n</prompt>",
+       ErrorKind::kPrompt, 3, "recompute=\"-1\" on <b>"},
   };
   for (const BadInput& c : cases) {
     expect_error([&] { resolve(parse_prompt_string(c.xml, "p.xml"), l, tok); }, c, "p.xml");

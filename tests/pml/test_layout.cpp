@@ -3,6 +3,7 @@
 
 #include "pml/fake_tokenizer.hpp"
 #include "promptcache/pml/layout.hpp"
+#include "promptcache/pml/prompt.hpp"
 #include "promptcache/pml/render.hpp"
 
 using namespace promptcache;
@@ -72,4 +73,95 @@ TEST_CASE("schema: recompute attribute is the schema's default share and its lay
   const Schema without = parse_schema_string(R"(<schema name="r">R</schema>)");
   CHECK_FALSE(without.recompute.has_value());
   CHECK_FALSE(layout(without, tok, plain_template()).recompute.has_value());
+}
+
+TEST_CASE("schema: a module's recompute attribute is a token count or a fraction",
+          "[pml][layout]") {
+  CHECK(parse_module_recompute("16")->tokens == std::optional<std::size_t>(16));
+  CHECK(parse_module_recompute("0")->tokens == std::optional<std::size_t>(0));
+  CHECK(parse_module_recompute("1")->tokens == std::optional<std::size_t>(1));  // one token
+  CHECK_FALSE(parse_module_recompute("1.0")->tokens.has_value());               // all of them
+  CHECK(parse_module_recompute("1.0")->fraction == 1.0);
+  CHECK(parse_module_recompute("0.25")->fraction == 0.25);
+  CHECK(parse_module_recompute("1e-1")->fraction == 0.1);
+  for (const char* bad : {"", "-1", "1.5", "abc", "16 ", " 16", "0x10", "nan", "inf", "2%",
+                          "10000001", "99999999999999999999999999"}) {
+    INFO(bad);
+    CHECK_FALSE(parse_module_recompute(bad).has_value());
+  }
+  CHECK(parse_module_recompute("10000000")->tokens == std::optional<std::size_t>(10'000'000));
+  ModuleRecompute tokens;
+  tokens.tokens = 3;
+  CHECK(tokens.count(5) == 3);
+  CHECK(tokens.count(2) == 2);  // at most the module's cached tokens
+  ModuleRecompute half;
+  half.fraction = 0.5;
+  CHECK(half.count(5) == 3);  // rounded to nearest
+  CHECK(half.count(4) == 2);
+  CHECK(half.count(0) == 0);
+  ModuleRecompute little;
+  little.fraction = 0.01;
+  CHECK(little.count(5) == 1);  // at least one
+  CHECK(ModuleRecompute{}.count(5) == 0);
+}
+
+TEST_CASE("prompt: module recompute budgets come from the schema and a prompt overrides them",
+          "[pml][layout]") {
+  FakeTokenizer tok;
+  const Layout l = layout(parse_schema_string(R"(<schema name="r">
+  Root.
+  <module name="a" recompute="3">one two <module name="n" recompute="0.5">n1 n2</module> three
+    <parameter name="q" length="2"/> four</module>
+  <module name="b" recompute="0.5">six seven eight nine</module>
+  <module name="c">ten</module>
+  <module name="off" cache="false" recompute="2">eleven</module>
+</schema>)"),
+                          tok, plain_template());
+  REQUIRE(l.module("a").recompute.has_value());
+  CHECK(l.module("a").recompute->tokens == std::optional<std::size_t>(3));
+  CHECK(l.module("b").recompute->fraction == 0.5);
+  CHECK_FALSE(l.module("c").recompute.has_value());
+  CHECK_FALSE(l.root().recompute.has_value());
+
+  auto budgets = [&](const char* xml) {
+    return resolve(parse_prompt_string(xml), l, tok).recompute_budgets;
+  };
+  // a's own text spans only: not its nested module, not its parameter slot.
+  const auto a = budgets(R"(<prompt schema="r"><a q="x"/><c/>Q</prompt>)");
+  REQUIRE(a.size() == 1);
+  CHECK(a[0].module == l.module_index("a"));
+  CHECK(a[0].budget.tokens == std::optional<std::size_t>(3));
+  std::size_t tokens = 0;
+  for (const auto& [begin, end] : a[0].ranges) {
+    CHECK(begin >= l.module("a").begin);
+    CHECK(end <= l.module("a").end);
+    CHECK((end <= l.module("a/n").begin || begin >= l.module("a/n").end));
+    tokens += end - begin;
+  }
+  CHECK(tokens == 4);  // one two three four
+  // Every selected module with a budget, in document order; c has none.
+  const auto all = budgets(R"(<prompt schema="r"><a><n/></a><b/><c/>Q</prompt>)");
+  REQUIRE(all.size() == 3);
+  CHECK(all[0].module == l.module_index("a"));
+  CHECK(all[1].module == l.module_index("a/n"));
+  CHECK(all[2].module == l.module_index("b"));
+  CHECK(all[1].ranges.size() == 1);
+  // The prompt overrides the schema's, "0" included, and gives c one.
+  const auto over = budgets(
+      R"(<prompt schema="r"><a recompute="0"><n recompute="1.0"/></a><c recompute="2"/>Q</prompt>)");
+  REQUIRE(over.size() == 3);
+  CHECK(over[0].budget.tokens == std::optional<std::size_t>(0));
+  CHECK(over[1].budget.fraction == 1.0);
+  CHECK_FALSE(over[1].budget.tokens.has_value());
+  CHECK(over[2].module == l.module_index("c"));
+  CHECK(over[2].budget.tokens == std::optional<std::size_t>(2));
+  // The override is not a parameter argument.
+  CHECK(resolve(parse_prompt_string(R"(<prompt schema="r"><a recompute="1"/>Q</prompt>)"), l, tok)
+            .arguments.front()
+            .from_scaffold);
+  // A module that is not cached has no cached tokens to recompute.
+  const auto off = budgets(R"(<prompt schema="r"><off/>Q</prompt>)");
+  REQUIRE(off.size() == 1);
+  CHECK(off[0].ranges.empty());
+  CHECK(budgets(R"(<prompt schema="r"><c/>Q</prompt>)").empty());
 }

@@ -26,6 +26,9 @@ struct KVSegment {
 
 // The first `count` slots of a list of runs (the runs they fall in, the last one cut short).
 std::vector<KVSegment> first_slots(const std::vector<KVSegment>& segments, int64_t count);
+// Slots [begin, begin + count) of a list of runs (the runs they fall in, cut at both ends).
+std::vector<KVSegment> slot_range(const std::vector<KVSegment>& segments, int64_t begin,
+                                  int64_t count);
 
 // Whether attend_few_queries() takes f32 heads of size head_dim with the current kernel choice.
 bool cpu_attention_available(int64_t head_dim);

@@ -89,8 +89,9 @@ struct ModuleLayout {
   std::string path;  // names joined by '/': "" for the root, "doc", "doc/intro"
   std::string name;  // last path component (the root: the schema name)
   std::size_t parent = kNoIndex;
-  bool cache = true;      // its own cache attribute
-  bool cacheable = true;  // cache, and every ancestor's cache
+  bool cache = true;                         // its own cache attribute
+  bool cacheable = true;                     // cache, and every ancestor's cache
+  std::optional<ModuleRecompute> recompute;  // its recompute attribute (Node::recompute)
   // Reserved positions, nested modules and unions included: [begin, end).
   std::size_t begin = 0;
   std::size_t end = 0;
@@ -327,6 +328,7 @@ class LayoutBuilder {
     m.name = node.name;
     m.parent = parent;
     m.cache = node.cache;
+    m.recompute = node.recompute;
     m.begin = cursor_;
     m.unions = std::move(unions);
     m.where = node.where;

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "promptcache/error.hpp"
@@ -36,6 +37,9 @@ struct ModuleRef {
   std::string name;
   std::vector<Argument> arguments;
   std::vector<ModuleRef> children;  // references to modules nested in this one
+  // recompute="..." on the reference: this prompt's budget for the module, overriding the
+  // schema's recompute attribute on it (ModuleRecompute; "0" recomputes none of it).
+  std::optional<ModuleRecompute> recompute;
   SourceLocation where;
 };
 
@@ -156,6 +160,14 @@ class PromptParser {
     ref.name = element.name();
     ref.where = src_.at(element);
     for (pugi::xml_attribute attr : element.attributes()) {
+      if (std::string(attr.name()) == "recompute") {  // no parameter may be named so (schema.hpp)
+        ref.recompute = parse_module_recompute(attr.value());
+        if (!ref.recompute) {
+          throw Error(ErrorKind::kPrompt, module_recompute_message(attr.value(), ref.name),
+                      ref.where);
+        }
+        continue;
+      }
       ref.arguments.push_back({attr.name(), attr.value(), ref.where});
     }
     for (pugi::xml_node child : element.children()) {
@@ -207,6 +219,14 @@ struct PlacedArgument {
   std::size_t end() const { return begin + tokens.size(); }
 };
 
+// A selected module's recompute budget and where its cached tokens are.
+struct RecomputeBudget {
+  std::size_t module = 0;  // index into Layout::modules
+  ModuleRecompute budget;
+  // The reserved positions [first, second) of its own cacheable text spans, in order.
+  std::vector<std::pair<std::size_t, std::size_t>> ranges;
+};
+
 struct ResolvedPrompt {
   std::string schema;
   SourceLocation where;              // the prompt's <prompt> element, for errors about all of it
@@ -221,6 +241,10 @@ struct ResolvedPrompt {
   // The no-cache baseline: selected spans in document order with arguments in their slots, then
   // text_tokens — run at positions 0..n-1 as one ordinary prefill.
   std::vector<TokenId> baseline;
+  // The selected modules with a recompute budget (the prompt's recompute="..." on the module's
+  // reference, else the schema's on the module), in document order; they are honoured when the
+  // request recomputes (promptcache/recompute.hpp, docs/fidelity.md).
+  std::vector<RecomputeBudget> recompute_budgets;
 
   // Where decoding continues: after the last fresh text token.
   std::size_t next_position() const { return text_begin + text_tokens.size(); }
@@ -244,11 +268,26 @@ class Resolver {
     out_.union_choice.assign(layout_.unions.size(), std::nullopt);
     selected_.assign(layout_.modules.size(), false);
     selected_[0] = true;
+    budget_override_.assign(layout_.modules.size(), std::nullopt);
     given_.assign(layout_.spans.size(), nullptr);
     for (const ModuleRef& ref : prompt.modules) select(ref, 0);
 
     for (std::size_t m = 0; m < layout_.modules.size(); ++m) {
-      if (selected_[m]) out_.modules.push_back(m);
+      if (!selected_[m]) continue;
+      out_.modules.push_back(m);
+      const std::optional<ModuleRecompute>& budget =
+          budget_override_[m] ? budget_override_[m] : layout_.modules[m].recompute;
+      if (!budget) continue;
+      RecomputeBudget b;
+      b.module = m;
+      b.budget = *budget;
+      for (std::size_t s : layout_.modules[m].spans) {
+        const Span& span = layout_.spans[s];
+        if (span.cacheable && span.kind != SpanKind::kParameter && span.size() > 0) {
+          b.ranges.emplace_back(span.begin, span.end());
+        }
+      }
+      out_.recompute_budgets.push_back(std::move(b));
     }
     std::size_t text_begin = 0;
     for (std::size_t s = 0; s < layout_.spans.size(); ++s) {
@@ -307,6 +346,7 @@ class Resolver {
       }
     }
     selected_[idx] = true;
+    budget_override_[idx] = ref.recompute;
     for (const Argument& arg : ref.arguments) {
       std::size_t slot = kNoIndex;
       for (std::size_t s : m.parameters) {
@@ -415,6 +455,7 @@ class Resolver {
   const Tokenizer& tok_;
   ResolvedPrompt out_;
   std::vector<bool> selected_;
+  std::vector<std::optional<ModuleRecompute>> budget_override_;  // per module: the prompt's
   std::vector<const Argument*> given_;
 };
 

@@ -51,6 +51,64 @@ inline const char* to_string(ChatRole role) {
   return "?";
 }
 
+// A module's recompute budget (recompute="..." on <module>, or on a module reference in a
+// prompt, which overrides it): a whole number of its cached tokens ("16", digits only) or a
+// fraction of them ("0.25", a number in [0, 1] with a decimal point or an exponent). The tokens
+// are chosen among the module's own cached tokens by the request's criterion
+// (docs/fidelity.md, "Per-module budgets").
+struct ModuleRecompute {
+  std::optional<std::size_t> tokens;  // set: a count of tokens; unset: `fraction`
+  double fraction = 0;
+
+  // Of `cached` tokens of the module, how many: the tokens (at most `cached`), or the fraction
+  // rounded to nearest, at least one when it is above 0 and a token is cached.
+  std::size_t count(std::size_t cached) const {
+    if (tokens) return std::min(*tokens, cached);
+    if (fraction <= 0 || cached == 0) return 0;
+    const auto n = static_cast<std::size_t>(fraction * static_cast<double>(cached) + 0.5);
+    return std::clamp<std::size_t>(n, 1, cached);
+  }
+  bool operator==(const ModuleRecompute& o) const {
+    return tokens == o.tokens && fraction == o.fraction;
+  }
+};
+
+// The largest token count a recompute budget may name (no context is longer).
+constexpr std::size_t kMaxRecomputeTokens = 10'000'000;
+
+// Parses a module's recompute value (ModuleRecompute), or nullopt when `text` is neither a
+// whole number of at most kMaxRecomputeTokens nor a fraction in [0, 1]. No regex, no
+// exceptions: a digit scan, then strtod over the whole value (no trailing text; NaN and the
+// infinities fall outside the range).
+inline std::optional<ModuleRecompute> parse_module_recompute(const std::string& text) {
+  if (text.empty() || text.size() > 32) return std::nullopt;
+  const bool digits =
+      std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+  ModuleRecompute r;
+  if (digits) {
+    std::size_t n = 0;
+    for (char c : text) {
+      n = n * 10 + static_cast<std::size_t>(c - '0');
+      if (n > kMaxRecomputeTokens) return std::nullopt;
+    }
+    r.tokens = n;
+    return r;
+  }
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (end != text.c_str() + text.size() || !(value >= 0.0 && value <= 1.0)) return std::nullopt;
+  r.fraction = value;
+  return r;
+}
+
+// What a bad recompute value on <element> is told.
+inline std::string module_recompute_message(const std::string& text, const std::string& element) {
+  return "recompute=\"" + text + "\" on <" + element + "> must be a whole number of tokens (0-" +
+         std::to_string(kMaxRecomputeTokens) +
+         ", e.g. \"16\") or a fraction of the module's cached tokens in [0, 1] with a decimal "
+         "point (e.g. \"0.25\")";
+}
+
 // One node of the schema tree. A single struct (rather than a variant) keeps traversal simple;
 // the comment on each field says which kinds use it.
 struct Node {
@@ -60,12 +118,13 @@ struct Node {
   // kText: the text (edges compacted to one space); kParameter: the scaffold text ("" = none);
   // kUnion: the name of the scaffold member ("" = the union has none).
   std::string text;
-  bool cache = true;                // kModule: false for cache="false"
-  std::string src;                  // kModule: the src attribute as written ("" = none)
-  std::size_t length = 0;           // kParameter: reserved positions (>= 1)
-  ChatRole role = ChatRole::kUser;  // kChat
-  std::vector<Node> children;       // kModule, kUnion (members), kChat
-  SourceLocation where;             // file, line, column, element of the node
+  bool cache = true;                         // kModule: false for cache="false"
+  std::optional<ModuleRecompute> recompute;  // kModule: its recompute attribute (not the root)
+  std::string src;                           // kModule: the src attribute as written ("" = none)
+  std::size_t length = 0;                    // kParameter: reserved positions (>= 1)
+  ChatRole role = ChatRole::kUser;           // kChat
+  std::vector<Node> children;                // kModule, kUnion (members), kChat
+  SourceLocation where;                      // file, line, column, element of the node
 
   bool is(NodeKind k) const { return kind == k; }
 };
@@ -238,7 +297,7 @@ class SchemaParser {
   }
 
   Node parse_module(const pugi::xml_node& element, Scope& scope) {
-    check_attributes(element, {"name", "src", "cache"});
+    check_attributes(element, {"name", "src", "cache", "recompute"});
     Node module;
     module.kind = NodeKind::kModule;
     module.where = src_.at(element);
@@ -259,6 +318,13 @@ class SchemaParser {
                     "cache must be \"true\" or \"false\", not \"" + value + "\"", module.where);
       }
       module.cache = value == "true";
+    }
+    if (auto recompute = element.attribute("recompute")) {
+      module.recompute = parse_module_recompute(recompute.value());
+      if (!module.recompute) {
+        throw Error(ErrorKind::kSchema, module_recompute_message(recompute.value(), "module"),
+                    module.where);
+      }
     }
     Scope inner;
     if (auto src = element.attribute("src")) {
@@ -343,6 +409,12 @@ class SchemaParser {
     }
     if (element.first_child()) {
       throw Error(ErrorKind::kSchema, "<parameter> must be empty (use the scaffold attribute)",
+                  param.where);
+    }
+    if (param.name == "recompute") {
+      throw Error(ErrorKind::kSchema,
+                  "parameter name 'recompute' is reserved: on a module reference in a prompt, "
+                  "recompute=\"...\" sets the module's recompute budget",
                   param.where);
     }
     if (!scope.parameters.insert(param.name).second) {
