@@ -1,10 +1,14 @@
-// bench_linear — ms per linear_layer() call for f32, bf16, f16 and q8 weights (x and the output
-// f32) on bench-small's layer shapes, all dtypes timed in the same run.
+// bench_linear — ms per linear_layer() call for f32, bf16, f16 and q8 weights and GGML's block
+// types q4_0, q8_0, q4_k, q5_k, q6_k (promptcache/model/ggml_quant.hpp; x and the output f32) on
+// bench-small's layer shapes, all dtypes timed in the same run.
 //
-//   build/benchmarks/bench_linear [--rows 1,16,64,128] [--dtypes f32,bf16,f16,q8,bf16dot]
+//   build/benchmarks/bench_linear [--rows 1,16,64,128]
+//       [--dtypes f32,bf16,f16,q8,bf16dot,q4_0,q8_0,q4_k,q5_k,q6_k,q4_k_gemm,...]
 //       [--shapes 768x768,2048x768,768x2048] [--threads 2] [--repeats 7] [--kernels on]
 //       [--cold-mb 64]
 //
+// A block type with "_gemm" appended (q4_k_gemm) times the dequantize + GEMM path
+// (quant_linear_dequant) instead of linear_layer's integer kernels.
 // "bf16dot" is bf16 weights under the avx512-bf16 kernel (vdpbf16ps, x rounded to bf16) whatever
 // --kernels says, so `--kernels avx512 --dtypes f32,bf16,bf16dot` compares f32 weights, bf16
 // widened to f32 and bf16 dot products in one run (exits 2 where the processor lacks
@@ -23,13 +27,17 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "bench_common.hpp"
+#include "bench_ggml.hpp"
 #include "bench_kernels.hpp"
 #include "promptcache/model/cpu_linear.hpp"
+#include "promptcache/model/ggml_quant.hpp"
 #include "promptcache/model/q8_weights.hpp"
+#include "promptcache/model/quant_linear.hpp"
 #include "promptcache/model/threads.hpp"
 
 namespace pc = promptcache;
@@ -37,12 +45,29 @@ using ordered_json = nlohmann::ordered_json;
 
 namespace {
 
+// The block type of a --dtypes name, "_gemm" ignored.
+std::optional<pc::ggml::Type> block_type_of(const std::string& name) {
+  const bool gemm = name.size() > 5 && name.compare(name.size() - 5, 5, "_gemm") == 0;
+  return pc::bench::block_type_named(gemm ? name.substr(0, name.size() - 5) : name);
+}
+
+// linear_layer, or the dequantize + GEMM path for a "_gemm" name.
+torch::Tensor run_linear(const std::string& d, const torch::Tensor& x, const torch::Tensor& w) {
+  if (d.size() > 5 && d.compare(d.size() - 5, 5, "_gemm") == 0) {
+    return pc::quant_linear_dequant(x, w);
+  }
+  return pc::linear_layer(x, w);
+}
+
 torch::Dtype dtype_named(const std::string& name) {
+  if (block_type_of(name)) return torch::kUInt8;
   if (name == "f32") return torch::kFloat32;
   if (name == "bf16" || name == "bf16dot") return torch::kBFloat16;
   if (name == "f16") return torch::kFloat16;
   if (name == "q8") return torch::kInt8;
-  std::cerr << "bench_linear: --dtypes takes f32, bf16, f16, q8, bf16dot, not '" << name << "'\n";
+  std::cerr << "bench_linear: --dtypes takes f32, bf16, f16, q8, bf16dot, q4_0, q8_0, q4_k, q5_k, "
+               "q6_k, not '"
+            << name << "'\n";
   std::exit(2);
 }
 
@@ -94,7 +119,11 @@ int main(int argc, char** argv) {
       const auto w = torch::randn({n, k}) * 0.05;
       for (const auto& d : dtypes) {
         const torch::Dtype dtype = dtype_named(d);
-        pools[d].push_back(dtype == torch::kInt8 ? pc::quantize_q8(w) : w.to(dtype).contiguous());
+        if (const auto block = block_type_of(d)) {
+          pools[d].push_back(pc::ggml::quantize(w, *block));
+        } else {
+          pools[d].push_back(dtype == torch::kInt8 ? pc::quantize_q8(w) : w.to(dtype).contiguous());
+        }
       }
     }
     for (const auto kernel : kernels) {
@@ -107,13 +136,13 @@ int main(int argc, char** argv) {
         std::map<std::string, std::vector<double>> times;
         for (const auto& d : dtypes) {  // warm-up: page in the weights, size the scratch
           select_for(d);
-          for (const auto& w : pools[d]) pc::linear_layer(x, w);
+          for (const auto& w : pools[d]) run_linear(d, x, w);
         }
         for (int r = 0; r < repeats; ++r) {
           for (const auto& d : dtypes) {
             select_for(d);
             const double t0 = now_ms();
-            for (const auto& w : pools[d]) pc::linear_layer(x, w);
+            for (const auto& w : pools[d]) run_linear(d, x, w);
             times[d].push_back((now_ms() - t0) / copies);
           }
         }

@@ -2,7 +2,8 @@
 // compared with a plain torch::matmul of comparable size measured in the same run.
 //
 //   build-bench/benchmarks/bench_prefill [--tokens 16,32,...,2048]
-//       [--weights default,f32,bf16,f16,q8] [--kv-dtype default,f32,bf16,f16]
+//       [--weights default,f32,bf16,f16,q8,q4_0,q8_0,q4_k,q5_k,q6_k] [--kv-dtype
+//       default,f32,bf16,f16]
 //       [--checkpoint bf16|f16|f32] [--shape bench-small|tinyllama-1.1b] [--threads N]
 //       [--torch-threads N] [--repeats R] [--decode-steps D] [--kernels on] [--breakdown]
 //
@@ -38,6 +39,7 @@
 #include <vector>
 
 #include "bench_common.hpp"
+#include "bench_ggml.hpp"
 #include "bench_kernels.hpp"
 #include "promptcache/generation.hpp"
 #include "promptcache/model/llama.hpp"
@@ -48,6 +50,8 @@ namespace pc = promptcache;
 using ordered_json = nlohmann::ordered_json;
 
 namespace {
+
+using pc::bench::block_type_named;
 
 struct Args {
   // The few-row kernels' range (to kCpuLinearMaxRows = 256) in steps, so a cliff shows, then
@@ -106,7 +110,7 @@ Args parse_args(int argc, char** argv) {
       std::string item;
       while (std::getline(ss, item, ',')) {
         try {
-          if (item != "default") pc::parse_weight_dtype(item);
+          if (item != "default" && !block_type_named(item)) pc::parse_weight_dtype(item);
         } catch (const std::exception& e) {
           usage(std::string("--weights: ") + e.what());
         }
@@ -334,10 +338,19 @@ int main(int argc, char** argv) {
     pc::select_cpu_linear(kernel);
     for (const std::string& kv_flag : args.kv_dtypes) {
       pc::LoadOptions load;
-      if (weights_flag != "default") load.weights = pc::parse_weight_dtype(weights_flag);
+      const auto block = block_type_named(weights_flag);
+      if (weights_flag != "default" && !block) load.weights = pc::parse_weight_dtype(weights_flag);
       if (kv_flag != "default") load.kv_dtype = pc::parse_dtype(kv_flag);
-      const auto model = pc::LlamaModel::from_tensors(config, weights, load);
-      const std::string weights_dtype = pc::dtype_name(model->weight_dtype());
+      // A GGML block type: every matrix quantized to it (as a GGUF file of that type holds them).
+      std::map<std::string, torch::Tensor> blocks;
+      if (block) {
+        for (const auto& [name, t] : weights) {
+          blocks[name] = t.dim() == 2 ? pc::ggml::quantize(t, *block) : t;
+        }
+      }
+      const auto model = pc::LlamaModel::from_tensors(config, block ? blocks : weights, load);
+      const std::string weights_dtype =
+          block ? weights_flag : pc::dtype_name(model->weight_dtype());
       const std::string kv_dtype = pc::dtype_name(model->kv_dtype());
       std::cerr << "bench_prefill: " << args.shape << " (" << args.checkpoint
                 << " checkpoint) with " << weights_dtype << " weights (" << weights_flag

@@ -14,7 +14,9 @@
 
 #include "kernels/kernels.hpp"
 #include "promptcache/error.hpp"
+#include "promptcache/model/ggml_quant.hpp"
 #include "promptcache/model/q8_weights.hpp"
+#include "promptcache/model/quant_linear.hpp"
 #include "promptcache/model/threads.hpp"
 #include "promptcache/model/work_pool.hpp"
 
@@ -381,6 +383,7 @@ std::string cpu_linear_name(CpuLinearKernel kernel) {
 
 torch::Tensor linear_layer(const torch::Tensor& x, const torch::Tensor& weight) {
   if (is_q8(weight)) return q8_linear(x, weight);
+  if (ggml::quant_type_of(weight)) return quant_linear(x, weight);
   if (x.scalar_type() == torch::kFloat32) {
     if (weight.scalar_type() == torch::kBFloat16) return half_linear<kernels::Bf16>(x, weight);
     if (weight.scalar_type() == torch::kFloat16) return half_linear<kernels::F16>(x, weight);

@@ -15,6 +15,7 @@
 #include "promptcache/model/cpu_attention.hpp"
 #include "promptcache/model/cpu_linear.hpp"
 #include "promptcache/model/cpu_ops.hpp"
+#include "promptcache/model/ggml_quant.hpp"
 #include "promptcache/model/gguf_model.hpp"
 #include "promptcache/model/q8_weights.hpp"
 #include "promptcache/model/safetensors.hpp"
@@ -360,6 +361,21 @@ std::unique_ptr<LlamaModel> LlamaModel::from_tensors(const ModelConfig& config,
     if (shape.size() == 2 && is_q8(it->second) && it->second.size(0) == shape[0] &&
         q8_in_features(it->second) == shape[1]) {
       return q8 ? it->second : dequantize_q8(it->second, shape[1]).to(to_weights);
+    }
+    // GGML blocks (uint8 [n, k / B, bytes], promptcache/model/ggml_quant.hpp) for a matrix:
+    // kept as they are (a view of the file) where the CPU kernels compute with f32, else
+    // dequantized here to the weights' dtype.
+    if (const auto qt = ggml::quant_type_of(it->second)) {
+      const auto& q = it->second;
+      if (shape.size() != 2 || q.size(0) != shape[0] ||
+          q.size(1) * ggml::block_elements(*qt) != shape[1]) {
+        throw Error(ErrorKind::kModel,
+                    "tensor holds " + std::string(ggml::type_name(*qt)) + " blocks " +
+                        shape_string(q.sizes()) + " but config.json implies " + shape_string(shape),
+                    {origin, 0, 0, "tensor '" + name + "'"});
+      }
+      if (options.device.is_cpu() && compute == torch::kFloat32) return q;
+      return ggml::dequantize(q).to(to_weights);
     }
     if (it->second.sizes() != at::IntArrayRef(shape)) {
       throw Error(ErrorKind::kModel,
@@ -769,6 +785,8 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
   } else {
     auto embedded = embed_.index_select(0, ids.reshape({-1}));
     if (is_q8(embed_)) embedded = dequantize_q8(embedded, config_.hidden_size);
+    // GGML blocks: only the looked-up rows are dequantized (the table stays in blocks).
+    if (ggml::quant_type_of(embed_)) embedded = ggml::dequantize(embedded);
     x = embedded.view({b, n, config_.hidden_size}).to(choice_.compute);
   }
   LayerInputs in;

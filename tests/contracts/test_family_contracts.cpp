@@ -15,6 +15,7 @@
 #include "promptcache/engine.hpp"
 #include "promptcache/model/cpu_attention.hpp"
 #include "promptcache/model/synthetic.hpp"
+#include "support/contract_checks.hpp"
 #include "support/position_reference.hpp"
 #include "support/random_schema.hpp"
 #include "support/test_support.hpp"
@@ -45,13 +46,6 @@ std::unique_ptr<Engine> family_engine(const std::string& shape) {
   return Engine::open(family_folder(shape), options);
 }
 
-const char* kStory = R"(<schema name="story">
-  <system>You are a helpful assistant. Keep your answers short and clear.</system>
-  <module name="intro">Once upon a time, there was a little girl named Lily.</module>
-  <module name="park">She loved to play outside in the park. One day, she saw a big red ball.</module>
-  <module name="friend">Her friend Tom came to help, and together they found a long stick.</module>
-</schema>)";
-
 double max_diff(const torch::Tensor& x, const torch::Tensor& y) {
   return (x.cpu().reshape({-1}) - y.cpu().reshape({-1})).abs().max().item<double>();
 }
@@ -67,7 +61,7 @@ TEST_CASE("families: the chat template follows the model folder", "[contract][fa
     INFO(shape);
     auto engine = family_engine(shape);
     CHECK(engine->chat_template().family == family);
-    const auto& layout = engine->add_schema_string(kStory);
+    const auto& layout = engine->add_schema_string(test::story_schema());
     // The template's special pieces are single ids where the vocabulary has them.
     const Tokenizer& tok = engine->tokenizer();
     const std::string marker = family == "chatml"    ? "<|im_start|>"
@@ -91,28 +85,9 @@ TEST_CASE("families: prefix-exact", "[contract][prefix][families]") {
   for (const std::string& shape : kFamilies) {
     INFO(shape);
     auto engine = family_engine(shape);
-    engine->add_schema_string(kStory);
-    for (const std::string prompt :
-         {R"(<prompt schema="story"><intro/><park/><friend/>What did Lily see?</prompt>)",
-          R"(<prompt schema="story"><intro/><park/><user>Where was the ball?</user></prompt>)"}) {
-      INFO(prompt);
-      const auto resolved = engine->resolve(pml::parse_prompt_string(prompt));
-      KVCache cached = engine->model().make_cache(0), plain = engine->model().make_cache(0);
-      const auto a = engine->prefill(resolved, cached, /*use_cache=*/true);
-      const auto b = engine->prefill(resolved, plain, /*use_cache=*/false);
-      CHECK(a.assembled.cached_tokens > 0);
-      if (shape == "mistral-tiny") CHECK(b.assembled.fresh_tokens.size() > 24);  // the window cuts
-      const double diff = max_diff(a.logits, b.logits);
-      INFO("max abs logit diff " << diff);
-      CHECK(diff <= test::logit_tolerance(engine->model(), b.logits, 1e-4));
-      SamplingParams greedy;
-      greedy.max_new_tokens = 12;
-      greedy.stop_at_eos = false;
-      const auto with_cache = engine->generate_xml(prompt, greedy);
-      const auto without = engine->generate_xml(prompt, greedy, {}, RequestOptions{false});
-      CHECK(with_cache.tokens.size() == 12u);
-      CHECK(with_cache.tokens == without.tokens);
-      CHECK(with_cache.text == without.text);
+    const auto fresh = test::check_prefix_exact(*engine);
+    if (shape == "mistral-tiny") {  // the window cuts
+      for (const auto n : fresh) CHECK(n > 24u);
     }
   }
 }
@@ -165,46 +140,7 @@ TEST_CASE("families: batch-exact", "[contract][batch][families]") {
   for (const std::string& shape : kFamilies) {
     INFO(shape);
     auto engine = family_engine(shape);
-    SamplingParams params;
-    params.max_new_tokens = 5;
-    params.stop_at_eos = false;
-    int batches = 0;
-    for (std::uint64_t seed = 0; seed < 4; ++seed) {
-      const auto a = test::make_case(seed, "a" + std::to_string(seed), 3);
-      engine->add_schema_string(a.schema);
-      std::vector<pml::Prompt> prompts;
-      std::vector<pml::ResolvedPrompt> resolved;
-      for (const auto& p : a.prompts) {
-        try {
-          auto prompt = pml::parse_prompt_string(p);
-          resolved.push_back(engine->resolve(prompt));
-          prompts.push_back(std::move(prompt));
-        } catch (const Error& e) {
-          REQUIRE(e.kind() == ErrorKind::kArgumentTooLong);
-        }
-      }
-      if (prompts.size() < 2) continue;
-      INFO("seed " << seed << "\nschema: " << a.schema);
-      const auto n = static_cast<int64_t>(prompts.size());
-      for (bool use_cache : {true, false}) {
-        INFO((use_cache ? "cached" : "uncached"));
-        KVCache batch_cache = engine->model().make_cache(0, n);
-        const auto together = engine->prefill_batch(resolved, batch_cache, use_cache);
-        for (int64_t i = 0; i < n; ++i) {
-          KVCache single = engine->model().make_cache(0);
-          const auto alone = engine->prefill(resolved[i], single, use_cache);
-          CHECK(max_diff(together.logits[i], alone.logits) <=
-                test::logit_tolerance(engine->model(), alone.logits, 1e-5));
-        }
-        const auto responses =
-            engine->generate_batch(prompts, params, {}, RequestOptions{use_cache});
-        for (int64_t i = 0; i < n; ++i) {
-          const auto alone = engine->generate(prompts[i], params, {}, RequestOptions{use_cache});
-          CHECK(responses[i].tokens == alone.tokens);
-        }
-      }
-      ++batches;
-    }
+    const int batches = test::check_batch_exact(*engine, 4, 5);
     CHECK(batches >= 3);
   }
 }
