@@ -85,7 +85,7 @@ Command register_info(CLI::App& root) {
                 "model          {}\n"
                 "family         {} ({}): {} layers, hidden {}, {} heads / {} KV heads of {}, "
                 "MLP {}, vocab {}, {} positions{}\n"
-                "checkpoint     {:.1f} MB of *.safetensors; matrices stored in {}{}\n"
+                "checkpoint     {:.1f} MB of {}; matrices stored in {}{}\n"
                 "weights        {}: {}\n"
                 "compute        {}: {}\n"
                 "KV / states    {}: {} ({} bytes a token)\n"
@@ -97,7 +97,8 @@ Command register_info(CLI::App& root) {
                 c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
                 c.intermediate_size, c.vocab_size, c.max_position_embeddings,
                 c.tie_word_embeddings ? ", tied embeddings" : "", file_bytes / 1e6,
-                dtype_name(d.checkpoint),
+                gguf::is_gguf_file(o->model.model_dir) ? "GGUF" : "*.safetensors",
+                d.checkpoint == torch::kUInt8 ? "GGML blocks" : dtype_name(d.checkpoint),
                 d.mixed ? " (some other tensors in another dtype: the matrices decide)" : "",
                 dtype_name(m.weight_dtype()), d.weights_reason, dtype_name(m.dtype()),
                 d.compute_reason, dtype_name(m.kv_dtype()), d.kv_reason,

@@ -518,6 +518,14 @@ const uint8_t* File::data(const TensorInfo& t) const {
   return static_cast<const uint8_t*>(map_) + header_.data_offset + t.offset;
 }
 
+void File::drop_pages(const TensorInfo& t) const {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(data(t));
+  const uintptr_t first = (begin + page - 1) / page * page;
+  const uintptr_t last = (begin + t.nbytes) / page * page;
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 std::optional<int64_t> File::get_int(const std::string& key) const {
   const Value* v = find(key);
   if (!v) return std::nullopt;

@@ -156,8 +156,18 @@ torch::Tensor unpermute_rows_from_gguf(const torch::Tensor& w, int64_t heads) {
   return w.reshape(shape).transpose(1, 2).reshape(w.sizes()).contiguous();
 }
 
+bool holds_block_types(const File& file) {
+  for (const TensorInfo& t : file.header().tensors) {
+    if (type_info(t.type)->block_elements > 1 && t.type != 8) return true;
+  }
+  return false;
+}
+
 std::map<std::string, torch::Tensor> hf_tensors(const std::shared_ptr<File>& file,
                                                 const ModelConfig& config) {
+  // Q8_0 runs as the q8 layout in a Q8_0 file (as a folder's --weights q8), and as blocks beside
+  // the other block types (Q4_K_M's fallbacks): one kind of quantized linear per file.
+  const bool q8_0_as_blocks = holds_block_types(*file);
   std::map<std::string, torch::Tensor> out;
   for (const TensorInfo& t : file->header().tensors) {
     const std::string element = "tensor '" + t.name + "'";
@@ -169,16 +179,25 @@ std::map<std::string, torch::Tensor> hf_tensors(const std::shared_ptr<File>& fil
     const TypeInfo* info = type_info(t.type);
     const auto* bytes = file->data(t);
     torch::Tensor tensor;
-    if (t.type == 8 && shape.size() == 2) {
+    bool copied = false;
+    if (t.type == 8 && shape.size() == 2 && !q8_0_as_blocks) {
       tensor = q8_from_q8_0(bytes, shape[0], shape[1]);
+      copied = true;
     } else if (info->block_elements == 1) {
       std::shared_ptr<File> keep = file;
       tensor = torch::from_blob(
           const_cast<uint8_t*>(bytes), shape, [keep](void*) mutable { keep.reset(); },
           torch::TensorOptions().dtype(torch_dtype_of(t.type)));
     } else {
+      // The blocks verbatim, a view of the mapping (ggml_quant.hpp's uint8 [n, k / B, bytes]).
       if (shape.size() != 2) {
         fail(file->path(), std::string(info->name) + " tensors must be 2-D", element);
+      }
+      if (shape[1] % info->block_elements != 0) {
+        fail(file->path(),
+             "rows of " + std::to_string(shape[1]) + " elements are no whole number of " +
+                 info->name + " blocks of " + std::to_string(info->block_elements),
+             element);
       }
       shape = {shape[0], shape[1] / info->block_elements, info->block_bytes};
       std::shared_ptr<File> keep = file;
@@ -192,7 +211,9 @@ std::map<std::string, torch::Tensor> hf_tensors(const std::shared_ptr<File>& fil
         fail(file->path(), "rows do not split into " + std::to_string(heads) + " heads", element);
       }
       tensor = unpermute_rows_from_gguf(tensor, heads);
+      copied = true;
     }
+    if (copied) file->drop_pages(t);
     out.emplace(hf, std::move(tensor));
   }
   return out;
@@ -201,16 +222,6 @@ std::map<std::string, torch::Tensor> hf_tensors(const std::shared_ptr<File>& fil
 std::unique_ptr<LlamaModel> load_model(const std::string& path, const LoadOptions& options) {
   const auto file = File::open(path);
   const ModelConfig config = config_from_file(*file);
-  for (const TensorInfo& t : file->header().tensors) {
-    if (type_info(t.type)->block_elements > 1 && t.type != 8) {
-      throw Error(ErrorKind::kModel,
-                  std::string("is ") + type_info(t.type)->name + ": running " +
-                      type_info(t.type)->name +
-                      " weights needs the block-quantized kernels (ggml_quant.hpp), which are not "
-                      "in this build (F32, F16, BF16 and Q8_0 files run)",
-                  {path, 0, 0, "tensor '" + t.name + "'"});
-    }
-  }
   return LlamaModel::from_tensors(config, hf_tensors(file, config), options, path);
 }
 

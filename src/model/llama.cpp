@@ -210,6 +210,11 @@ DtypeChoice choose_dtypes(torch::Dtype checkpoint, const LoadOptions& options) {
   } else if (checkpoint == torch::kInt8 && f32_cpu) {
     c.weights = torch::kInt8;
     c.weights_reason = "as the checkpoint stores them (Q8_0 blocks, repacked into q8)";
+  } else if (checkpoint == torch::kUInt8 && f32_cpu) {
+    c.weights = torch::kFloat32;
+    c.weights_reason =
+        "the checkpoint's GGML blocks computed from as they are (mapped from the file); its "
+        "other matrices in f32";
   } else if (file == c.compute || (f32_cpu && is_half(file))) {
     c.weights = file;
     c.weights_reason = "as the checkpoint stores them (" + file_name + ")" +
@@ -237,18 +242,26 @@ DtypeChoice choose_dtypes(torch::Dtype checkpoint, const LoadOptions& options) {
 }
 
 // Matrices already in the q8 layout (a GGUF file's Q8_0 blocks, gguf_model.hpp) count as kInt8,
-// which choose_dtypes keeps as q8 weights on the CPU with f32 compute.
+// which choose_dtypes keeps as q8 weights on the CPU with f32 compute; GGML blocks
+// (ggml_quant.hpp) as kUInt8, whose other matrices (a file's F16 fallbacks) go to f32.
 std::pair<torch::Dtype, bool> checkpoint_dtype(const std::map<std::string, torch::Tensor>& w) {
   auto count = [&](bool projections_only) {
     std::map<torch::Dtype, int64_t> elements;
     for (const auto& [name, t] : w) {
+      const bool projection =
+          name.size() >= 12 && name.compare(name.size() - 12, 12, "_proj.weight") == 0;
+      if (projections_only && !projection) continue;
+      // GGML blocks (a GGUF file's Q4_K, ...) count as kUInt8, by their matrix's elements.
+      if (t.defined()) {
+        if (const auto qt = ggml::quant_type_of(t)) {
+          elements[torch::kUInt8] += t.size(0) * t.size(1) * ggml::block_elements(*qt);
+          continue;
+        }
+      }
       // q8 matrices (a GGUF file's Q8_0) count as kInt8.
       if (!t.defined() || t.dim() != 2 || !(at::isFloatingType(t.scalar_type()) || is_q8(t))) {
         continue;
       }
-      const bool projection =
-          name.size() >= 12 && name.compare(name.size() - 12, 12, "_proj.weight") == 0;
-      if (projections_only && !projection) continue;
       elements[t.scalar_type()] += t.numel();
     }
     return elements;

@@ -78,8 +78,9 @@ TEST_CASE("bad gguf: format errors name the file and the field", "[bad_inputs][g
     std::vector<std::string> mentions;
   };
   Bytes nested = header(0, 1);
-  nested.str("deep");
-  for (int i = 0; i < 6; ++i) nested.u32(9).u32(9).u64(1);  // array of array of ...
+  nested.str("deep").u32(9);
+  for (int i = 0; i < 6; ++i) nested.u32(9).u64(1);  // an array of one array of one ...
+  nested.raw(std::string(64, '\0'));
   Bytes six_dims = header(1, 0);
   tensor_info(six_dims, "t", {1, 1, 1, 1, 1}, 0, 0);
   Bytes overflow = header(1, 0);
@@ -109,7 +110,7 @@ TEST_CASE("bad gguf: format errors name the file and the field", "[bad_inputs][g
       {"gguf: absurd metadata count", header(0, 1ull << 40).s, {"metadata count"}},
       {"gguf: absurd tensor count", header(1ull << 40, 0).s, {"tensor count"}},
       {"gguf: absurd key length",
-       header(0, 1).u64(1ull << 62).s,
+       header(0, 1).u64(1ull << 62).raw(std::string(16, '\0')).s,
        {"over the limit", "metadata entry 0"}},
       {"gguf: string past the end",
        header(0, 1).str("k").u32(8).u64(1000).raw("abc").s,
@@ -180,22 +181,26 @@ TEST_CASE("bad gguf: model files the loader refuses", "[bad_inputs][gguf]") {
       "gguf: a tensor llama.cpp's llama does not have", [&] { LlamaModel::load(odd_name); },
       Expect{ErrorKind::kModel, {odd_name, "tensor 'blk.0.ffn_xx.weight'"}});
 
-  // A Q4_K tensor: read, but not run by this build yet.
+  // A Q4_K matrix whose shape is not the one the metadata implies: refused naming both.
   gguf::Writer w;
   {
     const auto f = gguf::File::open(good);
     for (const auto& [key, value] : f->metadata()) w.set(key, value);
     for (const gguf::TensorInfo& t : f->header().tensors) {
+      if (t.name == "blk.0.ffn_up.weight") {
+        w.add_tensor(t.name, {256, 2}, 12, std::string(288, '\0'));
+        continue;
+      }
       std::string data(reinterpret_cast<const char*>(f->data(t)), t.nbytes);
       w.add_tensor(t.name, t.dims, t.type, std::move(data));
     }
-    w.add_tensor("blk.0.extra.weight", {256, 2}, 12, std::string(288, '\0'));
   }
   const std::string q4k = dir.file("q4k.gguf");
   w.write(q4k);
   bad::expect_error(
-      "gguf: a Q4_K tensor in a build without the K-quants", [&] { LlamaModel::load(q4k); },
-      Expect{ErrorKind::kModel, {q4k, "Q4_K", "not in this build"}});
+      "gguf: a Q4_K matrix of the wrong shape", [&] { LlamaModel::load(q4k); },
+      Expect{ErrorKind::kModel,
+             {q4k, "Q4_K blocks [2, 1, 144]", "tensor 'model.layers.0.mlp.up_proj.weight'"}});
 
   const auto model = LlamaModel::load(good);  // the good file still loads
   CHECK(model->config().num_hidden_layers == synthetic_config("tiny").num_hidden_layers);

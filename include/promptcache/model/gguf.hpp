@@ -133,6 +133,11 @@ class File {
   const TensorInfo* tensor(const std::string& name) const;
   // The tensor's bytes inside the mapping (read-only).
   const uint8_t* data(const TensorInfo& t) const;
+  // Tells the kernel that the tensor's pages (those wholly inside it) are not needed for now
+  // (MADV_DONTNEED): for a tensor copied out of the mapping (repacked, or rows permuted), so that
+  // the copy and the file's pages are not both resident. Reading the bytes again afterwards is
+  // still correct (the pages come back from the file).
+  void drop_pages(const TensorInfo& t) const;
   std::size_t file_size() const { return size_; }
 
   // Typed metadata look-ups: nullopt when the key is absent; Error(kModel) naming the key when

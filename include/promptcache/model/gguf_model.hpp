@@ -4,9 +4,11 @@
 // `promptcache convert`. `--model FILE.gguf` goes through here (LlamaModel::load).
 //
 // Architectures: llama (Llama 2/3.x, Mistral), qwen2, qwen3. Tensor types: F32, F16 and BF16 are
-// views of the mapping (copies only where the Q/K permutation is undone); Q8_0 is repacked into
-// the q8 layout of q8_weights.hpp (weights default to q8, as a bf16 folder keeps bf16); Q4_0,
-// Q4_K, Q5_K and Q6_K are refused at load until the block-quantized kernels are in the build.
+// views of the mapping (copies only where the Q/K permutation is undone, their pages in the
+// mapping then dropped); Q4_0, Q4_K, Q5_K and Q6_K are the file's blocks verbatim (ggml_quant.hpp,
+// views of the mapping), which linear_layer computes from directly; Q8_0 is repacked into the q8
+// layout of q8_weights.hpp in a file without those types (weights default to q8, as a bf16 folder
+// keeps bf16) and kept as blocks beside them (Q4_K_M's fallbacks).
 #pragma once
 
 #include <torch/types.h>
@@ -35,7 +37,10 @@ torch::Tensor unpermute_rows_from_gguf(const torch::Tensor& w, int64_t heads);
 
 // The file's tensors named and shaped as in an HF checkpoint (torch shapes: GGUF dimensions
 // reversed). Block-quantized types come as uint8 [n, k / block, block_bytes] views; Q8_0 as the
-// q8 layout (int8 [n, q8_row_bytes(k)]).
+// q8 layout (int8 [n, q8_row_bytes(k)]) unless holds_block_types(file).
+// Whether the file holds a block type other than Q8_0 (Q4_0, Q4_K, Q5_K, Q6_K).
+bool holds_block_types(const File& file);
+
 std::map<std::string, torch::Tensor> hf_tensors(const std::shared_ptr<File>& file,
                                                 const ModelConfig& config);
 
