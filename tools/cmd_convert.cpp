@@ -1,6 +1,6 @@
 // promptcache convert: a HuggingFace model folder to one GGUF file (llama.cpp's format), in
-// f32, f16, bf16 or q8_0 (q4_k, q6_k and q4_k_m once the K-quants are in the build), with the
-// quantization error of every tensor.
+// f32, f16, bf16, q8_0, q4_k, q6_k or q4_k_m, with the quantization error of every tensor and of
+// each ggml type.
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -26,8 +26,9 @@ Command register_convert(CLI::App& root) {
   app->add_option("--model,-m", o->model_dir, "HuggingFace model folder")->required();
   app->add_option("--out,-o", o->out, "the GGUF file to write")->required();
   app->add_option("--type", o->type,
-                  "f32, f16, bf16, q8_0, q4_k, q6_k or q4_k_m (vectors stay f32; q4_k, q6_k and "
-                  "q4_k_m need the block-quantized types, not in this build yet)")
+                  "f32, f16, bf16, q8_0, q4_k, q6_k or q4_k_m (vectors stay f32; q4_k_m: Q4_K "
+                  "with Q6_K for the output and some attn_v / ffn_down, as llama.cpp; rows that "
+                  "are no whole number of blocks fall back to Q8_0, or F16)")
       ->capture_default_str();
   app->add_flag("--json", o->json,
                 "print the report as JSON: every tensor's type, bytes and quantization error");
@@ -46,10 +47,21 @@ Command register_convert(CLI::App& root) {
                                    {"rms_relative_error", t.rms_relative_error},
                                    {"max_abs_error", t.max_abs_error}});
               }
+              nlohmann::json types = nlohmann::json::array();
+              for (const auto& t : report.types) {
+                types.push_back({{"type", t.type},
+                                 {"tensors", t.tensors},
+                                 {"elements", t.elements},
+                                 {"bytes", t.bytes},
+                                 {"rms_relative_error", t.rms_relative_error},
+                                 {"worst_rms_relative_error", t.worst_rms_relative_error},
+                                 {"max_abs_error", t.max_abs_error}});
+              }
               nlohmann::json j = {{"out", report.out},
                                   {"type", gguf::file_type_name(report.type)},
                                   {"file_bytes", report.file_bytes},
                                   {"max_rms_relative_error", worst},
+                                  {"types", types},
                                   {"tensors", tensors}};
               std::cout << j.dump(1) << "\n";
             } else {
@@ -58,6 +70,13 @@ Command register_convert(CLI::App& root) {
                   "relative error {:.3g}\n",
                   report.out, gguf::file_type_name(report.type), report.tensors.size(),
                   report.file_bytes, worst);
+              for (const auto& t : report.types) {
+                std::cout << fmt::format(
+                    "  {:<5} {:>4} tensors {:>12} bytes  RMS relative error {:.3g} (worst "
+                    "tensor {:.3g}), max abs error {:.3g}\n",
+                    t.type, t.tensors, t.bytes, t.rms_relative_error, t.worst_rms_relative_error,
+                    t.max_abs_error);
+              }
             }
             return 0;
           }};

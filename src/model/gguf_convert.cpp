@@ -7,8 +7,10 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <map>
 
 #include "promptcache/error.hpp"
+#include "promptcache/model/ggml_quant.hpp"
 #include "promptcache/model/gguf.hpp"
 #include "promptcache/model/gguf_model.hpp"
 #include "promptcache/model/gguf_vocab.hpp"
@@ -92,14 +94,15 @@ std::pair<std::string, torch::Tensor> encode(const torch::Tensor& w, uint32_t ty
       const torch::Tensor q = quantize_q8(w);
       return {q8_0_from_q8(q, k), dequantize_q8(q, k)};
     }
+    case kQ4_K:
+    case kQ6_K: {
+      // ggml_quant.hpp's blocks [n, k / 256, bytes] are the tensor's bytes in the file.
+      const torch::Tensor q = ggml::quantize(w, static_cast<ggml::Type>(type));
+      return {raw(q), ggml::dequantize(q)};
+    }
     default:
-      // Where the K-quants plug in: ggml::quantize(w, type) (ggml_quant.hpp) gives the blocks
-      // [n, k / 256, bytes] whose bytes are the tensor's, and ggml::dequantize(blocks) what they
-      // read back as.
       throw Error(ErrorKind::kInvalidArgument,
-                  type_name_of_id(type) +
-                      " quantization needs the block-quantized types (ggml_quant.hpp), which are "
-                      "not in this build yet; f32, f16, bf16 and q8_0 convert",
+                  "convert does not write " + type_name_of_id(type) + " tensors",
                   {"", 0, 0, "tensor '" + name + "'"});
   }
 }
@@ -170,7 +173,21 @@ ConvertReport convert_folder(const std::string& dir, const std::string& out, Fil
   writer.set("general.name", Value::string(fs::path(dir).lexically_normal().filename().string()));
   writer.set("general.file_type", Value::u32(llama_ftype(type)));
   writer.set("general.quantization_version", Value::u32(2));
-  put_vocab(writer, vocab_from_folder(dir));
+  Vocab vocab = vocab_from_folder(dir);
+  // A vocabulary shorter than the embedding's rows is padded as llama.cpp's converter pads it,
+  // with unused "[PAD<n>]" tokens (llama.cpp refuses a file whose token count is not the
+  // embedding's rows).
+  const auto known = static_cast<int64_t>(vocab.tokens.size());
+  if (known < config.vocab_size) {
+    if (vocab.token_types.empty()) vocab.token_types.assign(vocab.tokens.size(), 1);
+    const bool spm = vocab.model == "llama";
+    for (int64_t id = known; id < config.vocab_size; ++id) {
+      vocab.tokens.push_back("[PAD" + std::to_string(spm ? id - known + 1 : id) + "]");
+      if (spm) vocab.scores.push_back(-1000.0f);
+      vocab.token_types.push_back(5);  // unused
+    }
+  }
+  put_vocab(writer, vocab);
 
   const auto checkpoint = SafetensorsCheckpoint::open_folder(dir);
   ConvertReport report;
@@ -192,6 +209,8 @@ ConvertReport convert_folder(const std::string& dir, const std::string& out, Fil
   });
   const bool tied = config.tie_word_embeddings || !checkpoint.contains("lm_head.weight");
   const bool permute = config.model_type == "llama" || config.model_type == "mistral";
+  std::map<uint32_t, TypeReport> types;
+  std::map<uint32_t, std::pair<double, double>> per_type;  // sum of diff², of original²
   for (const auto& [g, hf] : names) {
     torch::Tensor w = checkpoint.tensor(hf).to(torch::kFloat32);
     if (permute &&
@@ -211,10 +230,26 @@ ConvertReport convert_folder(const std::string& dir, const std::string& out, Fil
     r.bytes = static_cast<int64_t>(bytes.size());
     const torch::Tensor diff = back.reshape(w.sizes()) - w;
     const double norm = w.norm().item<double>();
-    r.rms_relative_error = norm > 0 ? diff.norm().item<double>() / norm : 0.0;
+    const double diff_norm = diff.norm().item<double>();
+    r.rms_relative_error = norm > 0 ? diff_norm / norm : 0.0;
     r.max_abs_error = w.numel() > 0 ? diff.abs().max().item<double>() : 0.0;
+    auto& sums = per_type[t];
+    sums.first += diff_norm * diff_norm;
+    sums.second += norm * norm;
+    TypeReport& tr = types[t];
+    tr.type = r.type;
+    tr.tensors += 1;
+    tr.elements += w.numel();
+    tr.bytes += r.bytes;
+    tr.worst_rms_relative_error = std::max(tr.worst_rms_relative_error, r.rms_relative_error);
+    tr.max_abs_error = std::max(tr.max_abs_error, r.max_abs_error);
     report.tensors.push_back(r);
     writer.add_tensor(g, std::vector<int64_t>(shape.rbegin(), shape.rend()), t, std::move(bytes));
+  }
+  for (auto& [id, tr] : types) {
+    const auto [diff2, norm2] = per_type[id];
+    tr.rms_relative_error = norm2 > 0 ? std::sqrt(diff2 / norm2) : 0.0;
+    report.types.push_back(tr);
   }
   writer.write(out);
   report.file_bytes = static_cast<int64_t>(fs::file_size(out));

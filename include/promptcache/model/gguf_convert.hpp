@@ -42,16 +42,29 @@ struct TensorReport {
   double max_abs_error = 0;
 };
 
+// The tensors stored as one ggml type, together: ||stored - original|| / ||original|| over all
+// their elements, the worst tensor's, and the largest |stored - original|.
+struct TypeReport {
+  std::string type;  // ggml's name ("Q4_K")
+  int64_t tensors = 0;
+  int64_t elements = 0;
+  int64_t bytes = 0;
+  double rms_relative_error = 0;
+  double worst_rms_relative_error = 0;
+  double max_abs_error = 0;
+};
+
 struct ConvertReport {
   std::string out;
   FileType type = FileType::kF16;
   int64_t file_bytes = 0;
   std::vector<TensorReport> tensors;
+  std::vector<TypeReport> types;  // in ggml's id order
 };
 
 // Converts `dir` (config.json, *.safetensors, tokenizer.json or tokenizer.model) to `out`.
-// Error(kInvalidArgument) for a type that needs ggml_quant.hpp's K-quants ("not in this build
-// yet"), Error(kModel) for a folder tensor with no llama.cpp name.
+// Error(kModel) for a folder tensor with no llama.cpp name. Q4_K and Q6_K blocks come from
+// ggml::quantize (ggml_quant.hpp: valid ggml blocks, its own scale search).
 ConvertReport convert_folder(const std::string& dir, const std::string& out, FileType type);
 
 }  // namespace promptcache::gguf
