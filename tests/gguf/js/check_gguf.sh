@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GGUF cross-check against an independent reader: `promptcache convert` writes tiny models of
-# each family and stories260K in f32, f16, bf16 and q8_0, and @huggingface/gguf (npm, MIT) parses
+# each family and stories260K in f32, f16, bf16, q8_0, q6_k and q4_k_m (at these widths the
+# K-quant files hold their Q8_0 / F16 fallbacks), and @huggingface/gguf (npm, MIT) parses
 # every file and must agree with the folder's config.json and convert's report on the metadata
 # and every tensor's name, shape and type.
 #
@@ -38,7 +39,7 @@ for shape in tiny qwen2-tiny qwen3-tiny mistral-tiny; do
   folders+=("$work/$shape")
 done
 for folder in "${folders[@]}"; do
-  for type in f32 f16 bf16 q8_0; do
+  for type in f32 f16 bf16 q8_0 q6_k q4_k_m; do
     out="$work/$(basename "$folder")-$type.gguf"
     "$cli" convert --model "$folder" --out "$out" --type "$type" --json >"$out.json"
     node "$here/check_gguf.mjs" "$prefix" "$out" "$folder/config.json" "$out.json" || status=1
