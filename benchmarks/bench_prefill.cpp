@@ -387,10 +387,10 @@ int main(int argc, char** argv) {
       const std::string weights_dtype =
           block ? weights_flag : pc::dtype_name(model->weight_dtype());
       const std::string kv_dtype = pc::dtype_name(model->kv_dtype());
-      std::cerr << "bench_prefill: " << args.shape << " (" << args.checkpoint
-                << " checkpoint) with " << weights_dtype << " weights (" << weights_flag
-                << "), KV cache in " << kv_dtype << " (" << kv_flag << "), CPU kernels "
-                << pc::cpu_linear_name(kernel) << "\n";
+      std::cerr << "bench_prefill: " << (args.model.empty() ? args.shape : args.model) << " ("
+                << args.checkpoint << " checkpoint) with " << weights_dtype << " weights ("
+                << weights_flag << "), KV cache in " << kv_dtype << " (" << kv_flag
+                << "), CPU kernels " << pc::cpu_linear_name(kernel) << "\n";
 
       torch::manual_seed(0);
       const int64_t max_n = *std::max_element(args.tokens.begin(), args.tokens.end());
@@ -428,14 +428,15 @@ int main(int argc, char** argv) {
         const double gflops = model->prefill_flops(n) / (ms * 1e-3) / 1e9;
         ordered_json j;
         j["bench"] = "prefill";
-        j["shape"] = args.shape;
+        j["shape"] = args.model.empty() ? args.shape : "--model";
         j["checkpoint"] = args.checkpoint;
         j["settings"] = "weights " + weights_flag + ", kv " + kv_flag;
         j["weights"] = weights_dtype;
         j["weight_bytes"] = model->weight_bytes();
         if (!args.model.empty()) {
           j["model"] = args.model;
-          j["checkpoint"] = pc::dtype_name(model->dtype_choice().checkpoint);
+          const auto stored = model->dtype_choice().checkpoint;
+          j["checkpoint"] = stored == torch::kUInt8 ? "ggml-blocks" : pc::dtype_name(stored);
           std::error_code ec;
           const auto size = std::filesystem::file_size(args.model, ec);
           j["file_bytes"] = ec ? int64_t{0} : static_cast<int64_t>(size);
