@@ -6,7 +6,13 @@
 //       default,f32,bf16,f16]
 //       [--checkpoint bf16|f16|f32] [--shape bench-small|tinyllama-1.1b] [--threads N]
 //       [--torch-threads N] [--repeats R] [--decode-steps D] [--kernels on] [--breakdown]
+//       [--model FILE.gguf|DIR]
 //
+// --model runs a model file or folder (a GGUF file of any type `promptcache convert` writes)
+// instead of the synthetic checkpoint, its dtypes as it chooses them (--weights default or a
+// dtype); each line then has the file's bytes and the process's resident memory (VmRSS) before
+// the load and after the runs, whose difference is what the model holds (weights, KV cache,
+// scratch) against the file's size.
 // The synthetic checkpoint is stored in --checkpoint (default bf16, as current HuggingFace models
 // ship); "default" (the default of both lists) leaves the dtype unset, so the model chooses it
 // for that checkpoint as a user's does (choose_dtypes: bf16 weights mapped as stored, bf16 KV,
@@ -29,6 +35,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <limits>
@@ -67,7 +75,17 @@ struct Args {
   int repeats = 3;
   int decode_steps = 16;
   bool breakdown = false;
+  std::string model;  // a GGUF file or a folder instead of the synthetic checkpoint
 };
+
+// The process's resident memory (VmRSS) in bytes; 0 where /proc cannot say.
+int64_t resident_bytes() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::atoll(line.c_str() + 6) * 1024;
+  }
+  return 0;
+}
 
 [[noreturn]] void usage(const std::string& problem) {
   std::cerr << "bench_prefill: " << problem
@@ -75,7 +93,7 @@ struct Args {
                "[--weights default,f32,bf16,f16,q8] [--kv-dtype default,f32,bf16,f16] "
                "[--checkpoint bf16|f16|f32] [--shape bench-small|tinyllama-1.1b] [--threads N] "
                "[--torch-threads N] [--repeats R] [--decode-steps D] "
-               "[--kernels on,off,avx512-bf16,avx512,avx2] [--breakdown]\n";
+               "[--kernels on,off,avx512-bf16,avx512,avx2] [--breakdown] [--model FILE.gguf|DIR]\n";
   std::exit(2);
 }
 
@@ -145,6 +163,8 @@ Args parse_args(int argc, char** argv) {
       if (a.kernels.empty()) usage("--kernels needs at least one setting");
     } else if (flag == "--shape") {
       a.shape = value;
+    } else if (flag == "--model") {
+      a.model = value;
     } else if (flag == "--threads") {
       a.threads = static_cast<int>(parse_int(flag, value, 0));
     } else if (flag == "--torch-threads") {
@@ -156,6 +176,14 @@ Args parse_args(int argc, char** argv) {
     } else {
       usage("unknown flag " + flag);
     }
+  }
+  if (!a.model.empty()) {
+    for (const std::string& w : a.weights) {
+      if (block_type_named(w))
+        usage("--weights " + w +
+              " quantizes the synthetic checkpoint; with --model the file's types run");
+    }
+    if (a.breakdown) usage("--breakdown needs the synthetic checkpoint (no --model)");
   }
   return a;
 }
@@ -317,11 +345,15 @@ int main(int argc, char** argv) {
   torch::NoGradGuard no_grad;
   const pc::ThreadSettings applied = pc::configure_threads(args.threads, args.torch_threads);
 
-  const pc::ModelConfig config = pc::synthetic_config(args.shape);
+  const int64_t rss_start = resident_bytes();
+  const pc::ModelConfig config = args.model.empty() ? pc::synthetic_config(args.shape)
+                                                    : pc::LlamaModel::load(args.model)->config();
   // The checkpoint as stored (what a folder of that dtype maps).
   std::map<std::string, torch::Tensor> weights;
-  for (auto& [name, t] : pc::random_llama_weights(config, /*seed=*/1, 0.02)) {
-    weights[name] = t.to(pc::parse_dtype(args.checkpoint));
+  if (args.model.empty()) {
+    for (auto& [name, t] : pc::random_llama_weights(config, /*seed=*/1, 0.02)) {
+      weights[name] = t.to(pc::parse_dtype(args.checkpoint));
+    }
   }
   // The breakdown's plain LibTorch calls take f32 (the checkpoint's values).
   std::map<std::string, torch::Tensor> breakdown_weights;
@@ -348,14 +380,17 @@ int main(int argc, char** argv) {
           blocks[name] = t.dim() == 2 ? pc::ggml::quantize(t, *block) : t;
         }
       }
-      const auto model = pc::LlamaModel::from_tensors(config, block ? blocks : weights, load);
+      const int64_t rss_before = resident_bytes();
+      const auto model = args.model.empty()
+                             ? pc::LlamaModel::from_tensors(config, block ? blocks : weights, load)
+                             : pc::LlamaModel::load(args.model, load);
       const std::string weights_dtype =
           block ? weights_flag : pc::dtype_name(model->weight_dtype());
       const std::string kv_dtype = pc::dtype_name(model->kv_dtype());
-      std::cerr << "bench_prefill: " << args.shape << " (" << args.checkpoint
-                << " checkpoint) with " << weights_dtype << " weights (" << weights_flag
-                << "), KV cache in " << kv_dtype << " (" << kv_flag << "), CPU kernels "
-                << pc::cpu_linear_name(kernel) << "\n";
+      std::cerr << "bench_prefill: " << (args.model.empty() ? args.shape : args.model) << " ("
+                << args.checkpoint << " checkpoint) with " << weights_dtype << " weights ("
+                << weights_flag << "), KV cache in " << kv_dtype << " (" << kv_flag
+                << "), CPU kernels " << pc::cpu_linear_name(kernel) << "\n";
 
       torch::manual_seed(0);
       const int64_t max_n = *std::max_element(args.tokens.begin(), args.tokens.end());
@@ -393,11 +428,22 @@ int main(int argc, char** argv) {
         const double gflops = model->prefill_flops(n) / (ms * 1e-3) / 1e9;
         ordered_json j;
         j["bench"] = "prefill";
-        j["shape"] = args.shape;
+        j["shape"] = args.model.empty() ? args.shape : "--model";
         j["checkpoint"] = args.checkpoint;
         j["settings"] = "weights " + weights_flag + ", kv " + kv_flag;
         j["weights"] = weights_dtype;
         j["weight_bytes"] = model->weight_bytes();
+        if (!args.model.empty()) {
+          j["model"] = args.model;
+          const auto stored = model->dtype_choice().checkpoint;
+          j["checkpoint"] = stored == torch::kUInt8 ? "ggml-blocks" : pc::dtype_name(stored);
+          std::error_code ec;
+          const auto size = std::filesystem::file_size(args.model, ec);
+          j["file_bytes"] = ec ? int64_t{0} : static_cast<int64_t>(size);
+          j["rss_process_start_bytes"] = rss_start;
+          j["rss_before_load_bytes"] = rss_before;
+          j["rss_after_bytes"] = resident_bytes();
+        }
         j["kv_dtype"] = kv_dtype;
         j["kernels"] = pc::cpu_linear_name(kernel);
         j["tokens"] = n;

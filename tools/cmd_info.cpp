@@ -1,6 +1,6 @@
-// promptcache info: what a model folder is and what it loads as — family and shapes, the
-// checkpoint's dtype, the weights/compute/KV dtypes chosen and why, the weights' resident bytes,
-// the tokenizer and the chat template.
+// promptcache info: what a model folder (or GGUF file) is and what it loads as — family and shapes,
+// the checkpoint's dtype, the weights/compute/KV dtypes chosen and why, the weights' resident
+// bytes, the tokenizer and the chat template.
 #include <fmt/format.h>
 
 #include <filesystem>
@@ -9,14 +9,16 @@
 
 #include "cli_common.hpp"
 #include "engine_setup.hpp"
+#include "promptcache/model/gguf.hpp"
 #include "promptcache/model/llama.hpp"
 
 namespace promptcache::cli {
 
 namespace {
 
-// Bytes of the folder's *.safetensors files.
+// Bytes of the folder's *.safetensors files, or of a GGUF file.
 int64_t checkpoint_file_bytes(const std::string& dir) {
+  if (gguf::is_gguf_file(dir)) return static_cast<int64_t>(std::filesystem::file_size(dir));
   int64_t total = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     if (entry.is_regular_file() && entry.path().extension() == ".safetensors") {
@@ -83,7 +85,7 @@ Command register_info(CLI::App& root) {
                 "model          {}\n"
                 "family         {} ({}): {} layers, hidden {}, {} heads / {} KV heads of {}, "
                 "MLP {}, vocab {}, {} positions{}\n"
-                "checkpoint     {:.1f} MB of *.safetensors; matrices stored in {}{}\n"
+                "checkpoint     {:.1f} MB of {}; matrices stored in {}{}\n"
                 "weights        {}: {}\n"
                 "compute        {}: {}\n"
                 "KV / states    {}: {} ({} bytes a token)\n"
@@ -95,7 +97,8 @@ Command register_info(CLI::App& root) {
                 c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
                 c.intermediate_size, c.vocab_size, c.max_position_embeddings,
                 c.tie_word_embeddings ? ", tied embeddings" : "", file_bytes / 1e6,
-                dtype_name(d.checkpoint),
+                gguf::is_gguf_file(o->model.model_dir) ? "GGUF" : "*.safetensors",
+                d.checkpoint == torch::kUInt8 ? "GGML blocks" : dtype_name(d.checkpoint),
                 d.mixed ? " (some other tensors in another dtype: the matrices decide)" : "",
                 dtype_name(m.weight_dtype()), d.weights_reason, dtype_name(m.dtype()),
                 d.compute_reason, dtype_name(m.kv_dtype()), d.kv_reason,

@@ -7,6 +7,7 @@
 
 #include "cli_common.hpp"
 #include "promptcache/model/config.hpp"
+#include "promptcache/model/gguf_config.hpp"
 #include "promptcache/pml/layout.hpp"
 #include "promptcache/pml/render.hpp"
 
@@ -75,9 +76,7 @@ Command register_layout(CLI::App& root) {
   app->add_flag("--ids", o->ids, "show token ids");
   return {app, [o]() {
             require_model(o->model);
-            namespace fs = std::filesystem;
-            const auto config = ModelConfig::from_json_file(
-                (fs::path(o->model.model_dir) / "config.json").string());
+            const auto config = gguf::load_model_config(o->model.model_dir);
             const auto tok = load_tokenizer(o->model.model_dir);
             const auto tmpl = pml::chat_template(pml::choose_chat_template(
                 o->chat_template, config.chat_template, *tok, config.default_chat_template()));

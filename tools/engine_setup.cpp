@@ -57,7 +57,9 @@ nlohmann::json dtype_json(const LlamaModel& model) {
   return {{"dtype", dtype_name(model.dtype())},
           {"weights_dtype", dtype_name(model.weight_dtype())},
           {"kv_dtype", dtype_name(model.kv_dtype())},
-          {"checkpoint_dtype", dtype_name(c.checkpoint)},
+          // kUInt8: a GGUF file of GGML block-quantized matrices (ggml_quant.hpp).
+          {"checkpoint_dtype",
+           c.checkpoint == torch::kUInt8 ? "ggml-blocks" : dtype_name(c.checkpoint)},
           {"checkpoint_mixed", c.mixed},
           {"dtype_reasons",
            {{"compute", c.compute_reason}, {"weights", c.weights_reason}, {"kv", c.kv_reason}}},

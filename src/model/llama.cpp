@@ -16,6 +16,7 @@
 #include "promptcache/model/cpu_linear.hpp"
 #include "promptcache/model/cpu_ops.hpp"
 #include "promptcache/model/ggml_quant.hpp"
+#include "promptcache/model/gguf_model.hpp"
 #include "promptcache/model/q8_weights.hpp"
 #include "promptcache/model/safetensors.hpp"
 #include "promptcache/model/threads.hpp"
@@ -206,6 +207,14 @@ DtypeChoice choose_dtypes(torch::Dtype checkpoint, const LoadOptions& options) {
   if (options.weights) {
     c.weights = *options.weights;
     c.weights_reason = "given (--weights)";
+  } else if (checkpoint == torch::kInt8 && f32_cpu) {
+    c.weights = torch::kInt8;
+    c.weights_reason = "as the checkpoint stores them (Q8_0 blocks, repacked into q8)";
+  } else if (checkpoint == torch::kUInt8 && f32_cpu) {
+    c.weights = torch::kFloat32;
+    c.weights_reason =
+        "the checkpoint's GGML blocks computed from as they are (mapped from the file); its "
+        "other matrices in f32";
   } else if (file == c.compute || (f32_cpu && is_half(file))) {
     c.weights = file;
     c.weights_reason = "as the checkpoint stores them (" + file_name + ")" +
@@ -232,14 +241,27 @@ DtypeChoice choose_dtypes(torch::Dtype checkpoint, const LoadOptions& options) {
   return c;
 }
 
+// Matrices already in the q8 layout (a GGUF file's Q8_0 blocks, gguf_model.hpp) count as kInt8,
+// which choose_dtypes keeps as q8 weights on the CPU with f32 compute; GGML blocks
+// (ggml_quant.hpp) as kUInt8, whose other matrices (a file's F16 fallbacks) go to f32.
 std::pair<torch::Dtype, bool> checkpoint_dtype(const std::map<std::string, torch::Tensor>& w) {
   auto count = [&](bool projections_only) {
     std::map<torch::Dtype, int64_t> elements;
     for (const auto& [name, t] : w) {
-      if (!t.defined() || t.dim() != 2 || !at::isFloatingType(t.scalar_type())) continue;
       const bool projection =
           name.size() >= 12 && name.compare(name.size() - 12, 12, "_proj.weight") == 0;
       if (projections_only && !projection) continue;
+      // GGML blocks (a GGUF file's Q4_K, ...) count as kUInt8, by their matrix's elements.
+      if (t.defined()) {
+        if (const auto qt = ggml::quant_type_of(t)) {
+          elements[torch::kUInt8] += t.size(0) * t.size(1) * ggml::block_elements(*qt);
+          continue;
+        }
+      }
+      // q8 matrices (a GGUF file's Q8_0) count as kInt8.
+      if (!t.defined() || t.dim() != 2 || !(at::isFloatingType(t.scalar_type()) || is_q8(t))) {
+        continue;
+      }
       elements[t.scalar_type()] += t.numel();
     }
     return elements;
@@ -271,8 +293,10 @@ torch::TensorOptions LlamaModel::kv_options() const {
   return torch::TensorOptions().device(options_.device).dtype(kv_dtype());
 }
 
+// A folder, or a GGUF file (gguf_model.hpp).
 std::unique_ptr<LlamaModel> LlamaModel::load(const std::string& dir, const LoadOptions& options) {
   namespace fs = std::filesystem;
+  if (gguf::is_gguf_file(dir)) return gguf::load_model(dir, options);
   if (!fs::is_directory(dir)) {
     throw Error(ErrorKind::kModel,
                 "model folder does not exist (expected a HuggingFace folder "
@@ -345,6 +369,12 @@ std::unique_ptr<LlamaModel> LlamaModel::from_tensors(const ModelConfig& config,
       throw Error(ErrorKind::kModel, "tensor is missing from the checkpoint",
                   {origin, 0, 0, "tensor '" + name + "'"});
     }
+    // A matrix already in the q8 layout (a GGUF file's Q8_0 blocks, repacked): kept as it is
+    // for q8 weights, else dequantized.
+    if (shape.size() == 2 && is_q8(it->second) && it->second.size(0) == shape[0] &&
+        q8_in_features(it->second) == shape[1]) {
+      return q8 ? it->second : dequantize_q8(it->second, shape[1]).to(to_weights);
+    }
     // GGML blocks (uint8 [n, k / B, bytes], promptcache/model/ggml_quant.hpp) for a matrix:
     // kept as they are (a view of the file) where the CPU kernels compute with f32, else
     // dequantized here to the weights' dtype.
@@ -354,8 +384,7 @@ std::unique_ptr<LlamaModel> LlamaModel::from_tensors(const ModelConfig& config,
           q.size(1) * ggml::block_elements(*qt) != shape[1]) {
         throw Error(ErrorKind::kModel,
                     "tensor holds " + std::string(ggml::type_name(*qt)) + " blocks " +
-                        shape_string(q.sizes()) + " but config.json implies " +
-                        shape_string(shape),
+                        shape_string(q.sizes()) + " but config.json implies " + shape_string(shape),
                     {origin, 0, 0, "tensor '" + name + "'"});
       }
       if (options.device.is_cpu() && compute == torch::kFloat32) return q;
