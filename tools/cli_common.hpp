@@ -55,6 +55,7 @@ Command register_fidelity(CLI::App& root);
 Command register_serve(CLI::App& root);
 Command register_eval(CLI::App& root);
 Command register_info(CLI::App& root);
+Command register_template(CLI::App& root);
 
 // Number checks whose messages say what is wanted ("--max-new-tokens: expects a whole number
 // >= 0, got 'abc'"); CLI11's own checks print the range as 0.000000 to 1.797693e+308.

@@ -22,14 +22,15 @@ int main(int argc, char** argv) {
       "  promptcache compile schemas/trip.xml --model /tmp/tiny --cache-dir /tmp/states\n"
       "  promptcache cache ls --cache-dir /tmp/states\n"
       "  promptcache serve --model /tmp/tiny --schema schemas/trip.xml --port 8080\n"
-      "  promptcache eval --model DIR --schema S.xml --data D.jsonl --out results.jsonl\n"};
+      "  promptcache eval --model DIR --schema S.xml --data D.jsonl --out results.jsonl\n"
+      "  promptcache template --model DIR --messages chat.json --add-generation-prompt\n"};
   app.require_subcommand(1);
   std::vector<cli::Command> commands = {
       cli::register_demo(app),     cli::register_layout(app),   cli::register_run(app),
       cli::register_qa(app),       cli::register_generate(app), cli::register_make_model(app),
       cli::register_tokenize(app), cli::register_compile(app),  cli::register_cache(app),
       cli::register_fidelity(app), cli::register_serve(app),    cli::register_eval(app),
-      cli::register_info(app)};
+      cli::register_info(app),     cli::register_template(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
