@@ -32,6 +32,14 @@ class Parser {
     Parser& p;
   };
 
+  // A chain built in a loop (a + b + c, x|f|g, a.b.c, f()()) nests its tree as deep as it is
+  // long: each link counts against the nesting limit.
+  void link(int& chain, const Token& at) {
+    if (depth_ + ++chain > limits_.max_nesting) {
+      fail(at, "the template nests deeper than " + std::to_string(limits_.max_nesting) + " levels");
+    }
+  }
+
   const Token& peek(std::size_t ahead = 0) const { return t_[std::min(i_ + ahead, t_.size() - 1)]; }
   const Token& next() {
     const Token& t = t_[i_];
@@ -300,7 +308,9 @@ class Parser {
 
   // `|f(args)|g...` applied to `input` (nullptr: a filter block's or set block's own body).
   NodePtr filter_chain(NodePtr input) {
+    int chain = 0;
     do {
+      link(chain, peek());
       input = filter(std::move(input));
     } while (is_op("|"));
     return input;
@@ -353,9 +363,11 @@ class Parser {
   NodePtr expression(bool with_condexpr = true) {
     Depth depth(*this, peek());
     auto n = or_expression();
+    int chain = 0;
     if (with_condexpr) {
       while (is_name("if")) {
         const Token& at = next();
+        link(chain, at);
         auto cond = make(Node::Kind::kCond, at);
         cond->a = std::move(n);
         cond->b = or_expression();
@@ -368,8 +380,10 @@ class Parser {
 
   NodePtr or_expression() {
     auto n = and_expression();
+    int chain = 0;
     while (is_name("or")) {
       const Token& at = next();
+      link(chain, at);
       auto op = make(Node::Kind::kOr, at);
       op->a = std::move(n);
       op->b = and_expression();
@@ -380,8 +394,10 @@ class Parser {
 
   NodePtr and_expression() {
     auto n = not_expression();
+    int chain = 0;
     while (is_name("and")) {
       const Token& at = next();
+      link(chain, at);
       auto op = make(Node::Kind::kAnd, at);
       op->a = std::move(n);
       op->b = not_expression();
@@ -441,8 +457,10 @@ class Parser {
 
   NodePtr math1() {
     auto n = concat();
+    int chain = 0;
     while (is_op("+") || is_op("-")) {
       const Token& at = next();
+      link(chain, at);
       n = binary(std::move(n), at, concat());
     }
     return n;
@@ -460,8 +478,10 @@ class Parser {
 
   NodePtr math2() {
     auto n = pow();
+    int chain = 0;
     while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
       const Token& at = next();
+      link(chain, at);
       n = binary(std::move(n), at, pow());
     }
     return n;
@@ -469,8 +489,10 @@ class Parser {
 
   NodePtr pow() {
     auto n = unary(true);
+    int chain = 0;
     while (is_op("**")) {
       const Token& at = next();
+      link(chain, at);
       n = binary(std::move(n), at, unary(true));
     }
     return n;
@@ -494,7 +516,9 @@ class Parser {
   }
 
   NodePtr filter_expression(NodePtr n) {
+    int chain = 0;
     while (true) {
+      link(chain, peek());
       if (is_op("|")) {
         n = filter(std::move(n));
       } else if (is_name("is")) {
@@ -525,8 +549,10 @@ class Parser {
   }
 
   NodePtr postfix(NodePtr n) {
+    int chain = 0;
     while (true) {
       const Token& at = peek();
+      link(chain, at);
       if (accept_op(".")) {
         auto attr = make(Node::Kind::kAttr, at);
         if (peek().kind == K::kInt) {

@@ -14,7 +14,7 @@ namespace {
 
 // Nested lists and dicts (or a namespace holding itself) printed or serialized deeper than this
 // are an error, not a stack overflow.
-constexpr int kMaxPrintDepth = 128;
+constexpr int kMaxPrintDepth = kMaxValueDepth + 1;
 
 [[noreturn]] void fail(const std::string& message) {
   throw Error(kTemplateError, message);
@@ -239,6 +239,22 @@ const Value* CallArgs::find(const std::string& name) const {
   return nullptr;
 }
 
+Value::Value(List l) : type_(Type::kList) {
+  int deepest = 0;
+  for (const Value& item : l) deepest = std::max(deepest, item.depth());
+  depth_ = deepest + 1;
+  if (depth_ > kMaxValueDepth) {
+    fail("lists and dicts nested more than " + std::to_string(kMaxValueDepth) + " levels deep");
+  }
+  list_ = std::make_shared<const List>(std::move(l));
+}
+
+int Value::depth() const {
+  if (is_list()) return depth_;
+  if (is_mapping()) return dict_->depth();
+  return 0;
+}
+
 Value Value::dict(std::shared_ptr<Dict> d) {
   Value v(Type::kDict);
   v.dict_ = std::move(d);
@@ -350,6 +366,11 @@ const Value* Dict::find(const Value& key) const {
 }
 
 void Dict::set(const Value& key, Value value) {
+  const int depth = value.depth() + 1;
+  if (depth > kMaxValueDepth) {
+    fail("lists and dicts nested more than " + std::to_string(kMaxValueDepth) + " levels deep");
+  }
+  depth_ = std::max(depth_, depth);
   auto [it, inserted] = index_.emplace(key_of(key), items_.size());
   if (inserted) {
     items_.emplace_back(key, std::move(value));

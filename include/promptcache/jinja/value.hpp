@@ -67,8 +67,8 @@ class Value {
   Value(std::string s)
       : type_(Type::kString), str_(std::make_shared<const std::string>(std::move(s))) {}
   Value(const char* s) : Value(std::string(s)) {}
-  Value(List l) : type_(Type::kList), list_(std::make_shared<const List>(std::move(l))) {}
-  Value(std::shared_ptr<const List> l) : type_(Type::kList), list_(std::move(l)) {}
+  // Error(kTemplateError) when the list would nest more than kMaxValueDepth levels.
+  Value(List l);
   // A tuple: a list that prints as (a, b), is never equal to a list, and tojson writes as a list.
   static Value tuple(List l) {
     Value v(std::move(l));
@@ -107,6 +107,9 @@ class Value {
   // The callable's name, or the name an undefined value was looked up by.
   const std::string& name() const;
 
+  // Levels of lists, dicts and namespaces inside this value (0 for a scalar).
+  int depth() const;
+
   // Python truthiness.
   bool truthy() const;
   // Python str(): what {{ value }} prints (undefined prints nothing). Error past depth limits.
@@ -125,7 +128,12 @@ class Value {
   std::shared_ptr<const List> list_;
   std::shared_ptr<Dict> dict_;
   std::shared_ptr<const Builtin> fn_;
+  int depth_ = 0;  // lists
 };
+
+// How deep values may nest: past it, building one is an error (destroying or printing a deeper
+// one would recurse past the stack).
+constexpr int kMaxValueDepth = 256;
 
 // A dict (or a namespace's attributes): insertion order, keys are hashable values (strings,
 // numbers, bools, none), looked up in constant time.
@@ -133,13 +141,16 @@ class Dict {
  public:
   const Value* find(const Value& key) const;
   const Value* find(const std::string& key) const { return find(Value(key)); }
+  // Error(kTemplateError) when the value would make the dict nest too deeply.
   void set(const Value& key, Value value);
   std::size_t size() const { return items_.size(); }
+  int depth() const { return depth_; }
   const std::vector<std::pair<Value, Value>>& items() const { return items_; }
 
  private:
   std::vector<std::pair<Value, Value>> items_;
   std::unordered_map<std::string, std::size_t> index_;
+  int depth_ = 1;
 };
 
 // Python ==. Lists and dicts compare item by item; 1 == 1.0 == True.

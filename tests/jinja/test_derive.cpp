@@ -1,0 +1,118 @@
+// PML role texts derived from real Jinja chat templates: where a template splits into fixed texts
+// per role, a conversation rendered through the derived pieces (as PML renders chat tags) equals
+// the template's own render of the same messages; where it cannot (a default system prompt, a
+// system prompt folded into the last user turn, a refused system role), the reason says so.
+#include "support/catch.hpp"
+#include "support/test_support.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "promptcache/jinja/derive.hpp"
+
+using namespace promptcache;
+using namespace promptcache::jinja;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+ChatTemplateSource fixture(const std::string& name, std::optional<std::string> bos,
+                           std::optional<std::string> eos) {
+  const std::string path = test::source_dir() + "/tests/jinja/templates/" + name + ".jinja";
+  std::ifstream in(path, std::ios::binary);
+  REQUIRE(in);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return from_string(text.str(), path, std::move(bos), std::move(eos));
+}
+
+ojson conversation(std::initializer_list<std::pair<const char*, const char*>> turns) {
+  ojson out = ojson::array();
+  for (const auto& [role, content] : turns) out.push_back({{"role", role}, {"content", content}});
+  return out;
+}
+
+struct Case {
+  const char* name;
+  std::optional<std::string> bos, eos;
+  bool derivable;
+};
+
+}  // namespace
+
+TEST_CASE("jinja-derived role texts render conversations as the template does", "[jinja][derive]") {
+  const Case cases[] = {
+      {"qwen3", std::nullopt, "<|im_end|>", true},
+      {"cz-llama-2-chat", "<s>", "</s>", true},
+      // Its BOS comes after indentation the template prints once, before the first turn.
+      {"cz-llama-3-instruct", "<|begin_of_text|>", "<|eot_id|>", false},
+      {"cz-chatml", "", "<|im_end|>", true},
+      {"cz-zephyr", "<s>", "</s>", true},
+      {"cz-phi-3", "<s>", "<|endoftext|>", true},
+      {"cz-mistral-instruct", "<s>", "</s>", false},
+      // A system turn with the date even when the conversation has none.
+      {"llama-3.3-tools", "<|begin_of_text|>", "<|eot_id|>", false},
+      {"deepseek-r1-distill-qwen", "<bos>", "<eos>", false},
+      {"gemma-2", "<bos>", "<eos>", false},
+      {"mistral-nemo", "<s>", "</s>", false},
+      {"cz-qwen2.5-instruct", std::nullopt, "<|im_end|>", false},
+  };
+  const ojson conversations[] = {
+      conversation({{"user", "Hello! What is 2+2?"}}),
+      conversation({{"system", "You are terse."}, {"user", "Name three rivers."}}),
+      conversation({{"user", "Hi there"}, {"assistant", "Hello!"}, {"user", "Tell me a joke."}}),
+      conversation({{"system", "Answer in French."},
+                    {"user", "Capital of Italy?"},
+                    {"assistant", "Rome."},
+                    {"user", "And of Spain?"}}),
+  };
+  int derived = 0;
+  for (const Case& c : cases) {
+    INFO("template " << c.name);
+    const ChatTemplateSource source = fixture(c.name, c.bos, c.eos);
+    const DerivedChatTemplate d = derive_chat_template(source);
+    CHECK(d.chat.has_value() == c.derivable);
+    if (!d.chat) {
+      CHECK_FALSE(d.reason.empty());
+      continue;
+    }
+    ++derived;
+    CHECK(d.chat->family == "jinja");
+    for (const ojson& messages : conversations) {
+      for (bool generation : {false, true}) {
+        ChatInputs inputs;
+        inputs.messages = messages;
+        inputs.add_generation_prompt = generation;
+        const std::string expected = render_chat(source, inputs);
+        const std::string bos = source.bos_token.value_or("");
+        const std::string got = (expected.rfind(bos, 0) == 0 ? bos : std::string()) +
+                                render_with_pieces(*d.chat, messages, generation);
+        INFO("messages " << messages.dump() << (generation ? " +gen" : ""));
+        CHECK(got == expected);
+      }
+    }
+  }
+  CHECK(derived == 5);
+}
+
+TEST_CASE("jinja-derived Llama 2 pieces fold the system prompt into the first [INST]",
+          "[jinja][derive]") {
+  const DerivedChatTemplate d = derive_chat_template(fixture("cz-llama-2-chat", "<s>", "</s>"));
+  REQUIRE(d.chat);
+  // (This version of the template indents its output: the pieces keep that whitespace.)
+  auto ends_with = [](const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  CHECK(ends_with(d.chat->system.open, "<s>[INST] <<SYS>>\n"));
+  CHECK(d.chat->system.close == "\n<</SYS>>\n\n");
+  CHECK(d.chat->use_user_open_after_system);
+  CHECK(d.chat->user_open_after_system.empty());
+  CHECK(ends_with(d.chat->user.open, "<s>[INST] "));
+  CHECK_THAT(d.chat->user.close, Catch::StartsWith(" [/INST]"));
+  CHECK_THAT(d.chat->assistant.close, Catch::StartsWith(" </s>"));
+  CHECK(std::find(d.chat->special_pieces.begin(), d.chat->special_pieces.end(), "[INST]") !=
+        d.chat->special_pieces.end());
+  const DerivedChatTemplate gemma = derive_chat_template(fixture("gemma-2", "<bos>", "<eos>"));
+  CHECK_THAT(gemma.reason, Catch::Contains("System role not supported"));
+}
