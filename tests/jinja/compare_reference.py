@@ -163,6 +163,31 @@ def main():
                                     counts["both fail"] += 1
                                 else:
                                     failures.append(f"{case}: expected an error ({want_error})\n  got (rc {run.returncode}) {got!r}\n  stderr {err.strip()}")
+        # The command's own errors: each exits non-zero, names the file and line, prints no text.
+        messages = os.path.join(HERE, "messages", "user.json")
+        empty = os.path.join(tmp, "no-template")
+        os.mkdir(empty)
+        gguf = os.path.join(tmp, "model.gguf")
+        bad = os.path.join(tmp, "bad.jinja")
+        with open(gguf, "wb") as f:
+            f.write(b"GGUF")
+        with open(bad, "w", encoding="utf-8") as f:
+            f.write("line 1\n{% for m in messages %}\n{{ m.content | no_such_filter }}\n{% endfor %}")
+        checks = [
+            (["--model", gguf], 2, "GGUF"),
+            (["--model", empty], 1, "no chat template"),
+            (["--template", bad], 1, "bad.jinja:3:"),
+            (["--template", bad, "--var", "novalue"], 2, "NAME=VALUE"),
+        ]
+        for args, code, text in checks:
+            run = subprocess.run([binary, "template", "--messages", messages] + args,
+                                 capture_output=True, timeout=60)
+            err = run.stderr.decode("utf-8", "replace")
+            if run.returncode == code and text in err and run.stdout == b"":
+                counts["command errors"] = counts.get("command errors", 0) + 1
+            else:
+                failures.append(f"template {' '.join(args)}: expected exit {code} and {text!r} on "
+                                f"stderr, got {run.returncode}: {err.strip()}")
     total = sum(counts.values())
     print(f"{len(MODELS)} templates and {len(FEATURES)} feature templates, {total + len(failures)} cases: " +
           ", ".join(f"{v} {k}" for k, v in counts.items()) + f", {len(failures)} mismatches")
