@@ -40,7 +40,7 @@ std::vector<std::string> special_pieces(const pml::ChatTemplate& t,
   if (source.eos_token) add(*source.eos_token);
   for (const std::string* text :
        {&t.system.open, &t.system.close, &t.user.open, &t.user.close, &t.assistant.open,
-        &t.assistant.close, &t.user_open_after_system, &t.generation_prompt}) {
+        &t.assistant.close, &t.user_open_after_system, &t.generation_prompt, &t.default_system}) {
     for (std::size_t i = 0; i < text->size(); ++i) {
       const char open = (*text)[i];
       if (open != '<' && open != '[') continue;
@@ -111,6 +111,92 @@ DerivedChatTemplate derive_chat_template(const ChatTemplateSource& source, const
   const ojson long_plain = ojson::array({message("user", kUser1), message("assistant", kAssistant1),
                                          message("user", kUser2), message("assistant", kAssistant2),
                                          message("user", kUser3)});
+  // Each probe's render (without the layout's BOS), or nullopt when the template raises on it.
+  auto try_render = [&](const ojson& messages, bool generation) -> std::optional<std::string> {
+    try {
+      return render(messages, generation);
+    } catch (const Error&) {
+      return std::nullopt;
+    }
+  };
+  auto check = [&](const pml::ChatTemplate& t) -> std::string {
+    for (const ojson* probe : {&user_only, &turns, &with_system, &long_system, &long_plain}) {
+      for (bool generation : {false, true}) {
+        std::string actual;
+        try {
+          actual = render(*probe, generation);
+        } catch (const Error& e) {
+          return std::string("the template fails on a probe conversation: ") + e.what();
+        }
+        if (render_with_pieces(t, *probe, generation) != actual) {
+          return "the template cannot be split into fixed texts per role: the text of a " +
+                 std::to_string(probe->size()) +
+                 "-turn conversation depends on the turns' position (it differs from the fixed "
+                 "texts)";
+        }
+      }
+    }
+    return {};
+  };
+  // The second way to split, for templates that write a system turn of their own when the
+  // conversation has none (Qwen2.5): every text is read from conversations that have a system
+  // turn (each turn's close text is what follows it when it is last), and the user-alone render
+  // gives the default system turn, the text before the user's opening.
+  auto derive_default_system = [&]() -> std::optional<pml::ChatTemplate> {
+    const ojson system_assistant = ojson::array(
+        {message("system", kSystem), message("user", kUser1), message("assistant", kAssistant1)});
+    const ojson system_turns =
+        ojson::array({message("system", kSystem), message("user", kUser1),
+                      message("assistant", kAssistant1), message("user", kUser2)});
+    const auto a = try_render(with_system, false), ag = try_render(with_system, true);
+    const auto f = try_render(system_assistant, false), e = try_render(system_turns, false);
+    const auto b = try_render(user_only, false);
+    if (!a || !ag || !f || !e || !b) return std::nullopt;
+    const std::string S = kSystem, U1 = kUser1, A1 = kAssistant1, U2 = kUser2;
+    const std::size_t as = a->find(S), au = a->find(U1);
+    const std::size_t es = e->find(S), eu1 = e->find(U1), ea1 = e->find(A1), eu2 = e->find(U2);
+    const std::size_t fa = f->find(A1), bu = b->find(U1);
+    if (as == std::string::npos || au == std::string::npos || as > au || fa == std::string::npos ||
+        bu == std::string::npos || es == std::string::npos || eu1 == std::string::npos ||
+        ea1 == std::string::npos || eu2 == std::string::npos ||
+        !(es < eu1 && eu1 < ea1 && ea1 < eu2)) {
+      return std::nullopt;
+    }
+    pml::ChatTemplate t;
+    t.family = "jinja";
+    t.system.open = a->substr(0, as);
+    t.user.close = a->substr(au + U1.size());
+    t.assistant.close = f->substr(fa + A1.size());
+    if (!starts_with(*ag, *a)) return std::nullopt;
+    t.generation_prompt = ag->substr(a->size());
+    const std::string user_to_assistant = e->substr(eu1 + U1.size(), ea1 - eu1 - U1.size());
+    const std::string assistant_to_user = e->substr(ea1 + A1.size(), eu2 - ea1 - A1.size());
+    if (!starts_with(user_to_assistant, t.user.close) ||
+        !starts_with(assistant_to_user, t.assistant.close)) {
+      return std::nullopt;
+    }
+    t.assistant.open = user_to_assistant.substr(t.user.close.size());
+    t.user.open = assistant_to_user.substr(t.assistant.close.size());
+    const std::string middle = a->substr(as + S.size(), au - as - S.size());
+    const std::string before_user = b->substr(0, bu);
+    if (!ends_with(middle, t.user.open) || !ends_with(before_user, t.user.open)) {
+      return std::nullopt;
+    }
+    t.system.close = middle.substr(0, middle.size() - t.user.open.size());
+    t.default_system = before_user.substr(0, before_user.size() - t.user.open.size());
+    t.special_pieces = special_pieces(t, source);
+    if (!check(t).empty()) return std::nullopt;
+    return t;
+  };
+  // The first way (below) failed: the second, else the first's reason.
+  auto fallback = [&](std::string reason) {
+    if (auto t = derive_default_system()) {
+      result.chat = std::move(*t);
+      return result;
+    }
+    result.reason = std::move(reason);
+    return result;
+  };
   std::string b, d, c;
   try {
     b = render(user_only, false);
@@ -121,8 +207,7 @@ DerivedChatTemplate derive_chat_template(const ChatTemplateSource& source, const
     return result;
   }
   auto fail = [&](const std::string& why) {
-    result.reason = "the template cannot be split into fixed texts per role: " + why;
-    return result;
+    return fallback("the template cannot be split into fixed texts per role: " + why);
   };
   pml::ChatTemplate t;
   t.family = "jinja";
@@ -155,8 +240,7 @@ DerivedChatTemplate derive_chat_template(const ChatTemplateSource& source, const
   try {
     a = render(with_system, false);
   } catch (const Error& e) {
-    result.reason = std::string("the template refuses a system turn: ") + e.what();
-    return result;
+    return fallback(std::string("the template refuses a system turn: ") + e.what());
   }
   const std::size_t as = a.find(kSystem), au = a.find(kUser1);
   if (as == std::string::npos || au == std::string::npos || as > au) {
@@ -175,24 +259,51 @@ DerivedChatTemplate derive_chat_template(const ChatTemplateSource& source, const
   }
   t.special_pieces = special_pieces(t, source);
   // Check: longer conversations, with and without the generation prompt, predicted exactly.
-  for (const ojson* probe : {&user_only, &turns, &with_system, &long_system, &long_plain}) {
-    for (bool generation : {false, true}) {
-      std::string actual;
-      try {
-        actual = render(*probe, generation);
-      } catch (const Error& e) {
-        result.reason = std::string("the template fails on a probe conversation: ") + e.what();
-        return result;
-      }
-      if (render_with_pieces(t, *probe, generation) != actual) {
-        return fail("the text of a " + std::to_string(probe->size()) +
-                    "-turn conversation depends on the turns' position (it differs from the "
-                    "fixed texts)");
-      }
-    }
-  }
+  if (std::string why = check(t); !why.empty()) return fallback(why);
   result.chat = std::move(t);
   return result;
+}
+
+ModelChatTemplate model_chat_template(const std::filesystem::path& model,
+                                      const std::string& requested, const std::string& configured,
+                                      const Tokenizer& tokenizer,
+                                      const std::string& architecture_default,
+                                      const std::optional<ChatTemplateSource>& jinja_source) {
+  ModelChatTemplate out;
+  const bool want_jinja = requested == "jinja";
+  if (!requested.empty() && !want_jinja) {
+    out.chat = pml::chat_template(requested);
+    out.origin = "--template " + requested;
+    return out;
+  }
+  if (!want_jinja && !configured.empty()) {
+    out.chat = pml::chat_template(configured);
+    out.origin = "config.json promptcache_chat_template";
+    return out;
+  }
+  std::optional<ChatTemplateSource> source = jinja_source;
+  std::string why_not;
+  if (!source) {
+    std::error_code ec;
+    if (!model.empty() && std::filesystem::is_directory(model, ec))
+      source = find_chat_template(model);
+  }
+  if (source) {
+    DerivedChatTemplate derived = derive_chat_template(*source);
+    if (derived.chat) {
+      out.chat = std::move(*derived.chat);
+      out.origin = source->origin;
+      return out;
+    }
+    why_not = source->origin + ": " + derived.reason;
+  } else {
+    why_not = "the model has no Jinja chat template";
+  }
+  if (want_jinja) throw Error(kTemplateError, "--template jinja: " + why_not);
+  const std::string family = pml::choose_chat_template("", "", tokenizer, architecture_default);
+  out.chat = pml::chat_template(family);
+  out.origin = "family " + family + " (" + why_not + ")";
+  return out;
 }
 
 }  // namespace promptcache::jinja

@@ -1,7 +1,8 @@
 // PML role texts derived from real Jinja chat templates: where a template splits into fixed texts
-// per role, a conversation rendered through the derived pieces (as PML renders chat tags) equals
-// the template's own render of the same messages; where it cannot (a default system prompt, a
-// system prompt folded into the last user turn, a refused system role), the reason says so.
+// per role (a default system prompt or first-turn prefix included), a conversation rendered
+// through the derived pieces (as PML renders chat tags) equals the template's own render of the
+// same messages; where it cannot (a system prompt folded into the last user turn, a refused
+// system role, an end text that depends on add_generation_prompt), the reason says so.
 #include "support/catch.hpp"
 #include "support/test_support.hpp"
 
@@ -45,18 +46,30 @@ TEST_CASE("jinja-derived role texts render conversations as the template does", 
   const Case cases[] = {
       {"qwen3", std::nullopt, "<|im_end|>", true},
       {"cz-llama-2-chat", "<s>", "</s>", true},
-      // Its BOS comes after indentation the template prints once, before the first turn.
-      {"cz-llama-3-instruct", "<|begin_of_text|>", "<|eot_id|>", false},
+      // Its BOS comes after indentation the template prints once, before the first turn: that
+      // text is the first turn's prefix (default_system) or the system turn's opening.
+      {"cz-llama-3-instruct", "<|begin_of_text|>", "<|eot_id|>", true},
       {"cz-chatml", "", "<|im_end|>", true},
       {"cz-zephyr", "<s>", "</s>", true},
       {"cz-phi-3", "<s>", "<|endoftext|>", true},
-      {"cz-mistral-instruct", "<s>", "</s>", false},
-      // A system turn with the date even when the conversation has none.
-      {"llama-3.3-tools", "<|begin_of_text|>", "<|eot_id|>", false},
-      {"deepseek-r1-distill-qwen", "<bos>", "<eos>", false},
+      {"cz-mistral-instruct", "<s>", "</s>", true},
+      // A system turn with the date even when the conversation has none: its default_system.
+      {"llama-3.3-tools", "<|begin_of_text|>", "<|eot_id|>", true},
+      // The first turn opens with the BOS the later ones lack.
+      {"deepseek-r1-distill-qwen", "<bos>", "<eos>", true},
+      // Refuses a system turn.
       {"gemma-2", "<bos>", "<eos>", false},
+      // Folds the system prompt into the last user turn.
       {"mistral-nemo", "<s>", "</s>", false},
-      {"cz-qwen2.5-instruct", std::nullopt, "<|im_end|>", false},
+      // A default system prompt only when none is given.
+      {"cz-qwen2.5-instruct", std::nullopt, "<|im_end|>", true},
+      {"cz-llama-3.2-1b-instruct", "<|begin_of_text|>", "<|eot_id|>", true},
+      {"cz-vicuna", "<s>", "</s>", true},
+      {"cz-openchat", "<s>", "<|end_of_turn|>", true},
+      {"cz-alpaca", "<s>", "</s>", true},
+      {"cz-falcon", std::nullopt, "<|endoftext|>", true},
+      // An eos_token ends the text only when there is no generation prompt.
+      {"phi-4-mini", "<|endoftext|>", "<|endoftext|>", false},
   };
   const ojson conversations[] = {
       conversation({{"user", "Hello! What is 2+2?"}}),
@@ -93,7 +106,7 @@ TEST_CASE("jinja-derived role texts render conversations as the template does", 
       }
     }
   }
-  CHECK(derived == 5);
+  CHECK(derived == 15);
 }
 
 TEST_CASE("jinja-derived Llama 2 pieces fold the system prompt into the first [INST]",

@@ -31,6 +31,22 @@ struct DerivedChatTemplate {
 DerivedChatTemplate derive_chat_template(const ChatTemplateSource& source,
                                          const Limits& limits = {});
 
+// The chat template a model's PML chat tags and chat messages use, and where it came from:
+// `requested` (--template: a family name, or "jinja" for the model's own template, which must
+// then split), else the family config.json names (`configured`), else the model's Jinja template
+// (find_chat_template(model), or `jinja_source` when given: GGUF's) when it splits into role texts,
+// else the family the tokenizer's special tokens or the architecture suggest
+// (pml::choose_chat_template). `origin` says which, and why a Jinja template was not used.
+struct ModelChatTemplate {
+  pml::ChatTemplate chat;
+  std::string origin;
+};
+ModelChatTemplate model_chat_template(const std::filesystem::path& model,
+                                      const std::string& requested, const std::string& configured,
+                                      const Tokenizer& tokenizer,
+                                      const std::string& architecture_default,
+                                      const std::optional<ChatTemplateSource>& jinja_source = {});
+
 // The text a derived (or hand-written) template gives a conversation of string contents, as PML
 // renders chat tags: each turn's open text (user_open_after_system after a system turn), its
 // content and close text, then the generation prompt when the last turn is a user's and
