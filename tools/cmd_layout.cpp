@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "cli_common.hpp"
+#include "promptcache/jinja/derive.hpp"
 #include "promptcache/model/config.hpp"
 #include "promptcache/pml/layout.hpp"
 #include "promptcache/pml/render.hpp"
@@ -71,7 +72,8 @@ Command register_layout(CLI::App& root) {
   app->add_option("--model,-m", o->model.model_dir, "model folder (its tokenizer and context)");
   app->add_option(
       "--template", o->chat_template,
-      "chat template: llama-2, llama-3, mistral, chatml, plain (default: from the model)");
+      "chat template: llama-2, llama-3, mistral, chatml, plain, or jinja (the model's own "
+      "template) (default: from the model)");
   app->add_flag("--ids", o->ids, "show token ids");
   return {app, [o]() {
             require_model(o->model);
@@ -79,8 +81,11 @@ Command register_layout(CLI::App& root) {
             const auto config = ModelConfig::from_json_file(
                 (fs::path(o->model.model_dir) / "config.json").string());
             const auto tok = load_tokenizer(o->model.model_dir);
-            const auto tmpl = pml::chat_template(pml::choose_chat_template(
-                o->chat_template, config.chat_template, *tok, config.default_chat_template()));
+            const auto chosen = jinja::model_chat_template(o->model.model_dir, o->chat_template,
+                                                           config.chat_template, *tok,
+                                                           config.default_chat_template());
+            const pml::ChatTemplate& tmpl = chosen.chat;
+            std::cout << "chat template: " << chosen.origin << "\n";
             const auto schema = read_schema_file(o->schema, o->allow_src_outside);
             print_warnings(schema.warnings);
             // Over-long schemas are shown, with warnings; only one far past any use (64 times
