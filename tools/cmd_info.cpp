@@ -1,6 +1,6 @@
-// promptcache info: what a model folder is and what it loads as — family and shapes, the
-// checkpoint's dtype, the weights/compute/KV dtypes chosen and why, the weights' resident bytes,
-// the tokenizer and the chat template.
+// promptcache info: what a model folder (or GGUF file) is and what it loads as — family and shapes,
+// the checkpoint's dtype, the weights/compute/KV dtypes chosen and why, the weights' resident
+// bytes, the tokenizer and the chat template.
 #include <fmt/format.h>
 
 #include <filesystem>
@@ -9,14 +9,16 @@
 
 #include "cli_common.hpp"
 #include "engine_setup.hpp"
+#include "promptcache/model/gguf.hpp"
 #include "promptcache/model/llama.hpp"
 
 namespace promptcache::cli {
 
 namespace {
 
-// Bytes of the folder's *.safetensors files.
+// Bytes of the folder's *.safetensors files, or of a GGUF file.
 int64_t checkpoint_file_bytes(const std::string& dir) {
+  if (gguf::is_gguf_file(dir)) return static_cast<int64_t>(std::filesystem::file_size(dir));
   int64_t total = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     if (entry.is_regular_file() && entry.path().extension() == ".safetensors") {

@@ -8,6 +8,7 @@
 #include "cli_common.hpp"
 #include "promptcache/jinja/derive.hpp"
 #include "promptcache/model/config.hpp"
+#include "promptcache/model/gguf_config.hpp"
 #include "promptcache/pml/layout.hpp"
 #include "promptcache/pml/render.hpp"
 
@@ -77,9 +78,7 @@ Command register_layout(CLI::App& root) {
   app->add_flag("--ids", o->ids, "show token ids");
   return {app, [o]() {
             require_model(o->model);
-            namespace fs = std::filesystem;
-            const auto config = ModelConfig::from_json_file(
-                (fs::path(o->model.model_dir) / "config.json").string());
+            const auto config = gguf::load_model_config(o->model.model_dir);
             const auto tok = load_tokenizer(o->model.model_dir);
             const auto chosen = jinja::model_chat_template(o->model.model_dir, o->chat_template,
                                                            config.chat_template, *tok,

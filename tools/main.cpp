@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "cli_common.hpp"
+#include "cmd_convert.hpp"
 #include "promptcache/error.hpp"
 
 int main(int argc, char** argv) {
@@ -23,14 +24,15 @@ int main(int argc, char** argv) {
       "  promptcache cache ls --cache-dir /tmp/states\n"
       "  promptcache serve --model /tmp/tiny --schema schemas/trip.xml --port 8080\n"
       "  promptcache eval --model DIR --schema S.xml --data D.jsonl --out results.jsonl\n"
-      "  promptcache template --model DIR --messages chat.json --add-generation-prompt\n"};
+      "  promptcache template --model DIR --messages chat.json --add-generation-prompt\n"
+      "  promptcache convert --model /tmp/tiny --out /tmp/tiny.gguf --type q8_0\n"};
   app.require_subcommand(1);
   std::vector<cli::Command> commands = {
       cli::register_demo(app),     cli::register_layout(app),   cli::register_run(app),
       cli::register_qa(app),       cli::register_generate(app), cli::register_make_model(app),
       cli::register_tokenize(app), cli::register_compile(app),  cli::register_cache(app),
       cli::register_fidelity(app), cli::register_serve(app),    cli::register_eval(app),
-      cli::register_info(app),     cli::register_template(app)};
+      cli::register_info(app),     cli::register_template(app), cli::register_convert(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

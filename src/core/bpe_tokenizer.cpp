@@ -1129,4 +1129,15 @@ std::unique_ptr<Tokenizer> load_bpe_tokenizer(const std::string& tokenizer_json_
   return tokenizer;
 }
 
+std::unique_ptr<Tokenizer> detail::load_bpe_tokenizer_from_json(const std::string& text,
+                                                                const std::string& origin) {
+  json root;
+  try {
+    root = json::parse(text);
+  } catch (const json::exception& e) {
+    throw Error(ErrorKind::kTokenizer, std::string("invalid JSON: ") + e.what(), {origin});
+  }
+  return std::make_unique<BpeTokenizer>(root, JsonReader(origin));
+}
+
 }  // namespace promptcache

@@ -21,6 +21,7 @@
 
 #include "promptcache/error.hpp"
 #include "promptcache/model/tokenizer.hpp"
+#include "sentencepiece_data.hpp"
 
 namespace promptcache {
 namespace {
@@ -155,69 +156,100 @@ void append_utf8_checked(const std::string& bytes, std::string& out) {
   }
 }
 
+}  // namespace
+
+namespace detail {
+
+SentencePieceData parse_sentencepiece_model(const std::string& bytes, const std::string& origin) {
+  SentencePieceData d;
+  ProtoReader model(bytes.data(), bytes.size(), origin);
+  while (!model.done()) {
+    const auto [field, wire] = model.key();
+    if (field == 1 && wire == 2) {
+      ProtoReader pr = model.sub();
+      SentencePieceData::Piece piece;
+      while (!pr.done()) {
+        const auto [f, w] = pr.key();
+        if (f == 1 && w == 2)
+          piece.text = pr.bytes();
+        else if (f == 2 && w == 5)
+          piece.score = pr.fixed32_float();
+        else if (f == 3 && w == 0)
+          piece.type = static_cast<int>(pr.varint());
+        else
+          pr.skip(w);
+      }
+      d.pieces.push_back(std::move(piece));
+    } else if (field == 2 && wire == 2) {  // TrainerSpec
+      ProtoReader tr = model.sub();
+      while (!tr.done()) {
+        const auto [f, w] = tr.key();
+        if (f == 3 && w == 0)
+          d.model_type = static_cast<int>(tr.varint());
+        else if (f == 35 && w == 0)
+          d.byte_fallback = tr.varint() != 0;
+        else if (f == 40 && w == 0)
+          d.unk_id = static_cast<int32_t>(tr.varint());
+        else if (f == 41 && w == 0)
+          d.bos_id = static_cast<int32_t>(tr.varint());
+        else if (f == 42 && w == 0)
+          d.eos_id = static_cast<int32_t>(tr.varint());
+        else if (f == 43 && w == 0)
+          d.pad_id = static_cast<int32_t>(tr.varint());
+        else
+          tr.skip(w);
+      }
+    } else if (field == 3 && wire == 2) {  // NormalizerSpec
+      ProtoReader nr = model.sub();
+      while (!nr.done()) {
+        const auto [f, w] = nr.key();
+        if (f == 1 && w == 2)
+          d.normalizer_name = nr.bytes();
+        else if (f == 2 && w == 2)
+          d.charmap = nr.bytes();
+        else if (f == 3 && w == 0)
+          d.add_dummy_prefix = nr.varint() != 0;
+        else if (f == 4 && w == 0)
+          d.remove_extra_whitespaces = nr.varint() != 0;
+        else if (f == 5 && w == 0)
+          d.escape_whitespaces = nr.varint() != 0;
+        else
+          nr.skip(w);
+      }
+    } else {
+      model.skip(wire);
+    }
+  }
+  return d;
+}
+
+}  // namespace detail
+
+namespace {
+
 class SentencePieceTokenizer final : public Tokenizer {
  public:
-  SentencePieceTokenizer(const std::string& bytes, const std::string& origin) {
+  SentencePieceTokenizer(const std::string& bytes, const std::string& origin)
+      : SentencePieceTokenizer(detail::parse_sentencepiece_model(bytes, origin), origin) {}
+  SentencePieceTokenizer(detail::SentencePieceData d, const std::string& origin)
+      : byte_fallback_(d.byte_fallback),
+        add_dummy_prefix_(d.add_dummy_prefix),
+        remove_extra_whitespaces_(d.remove_extra_whitespaces),
+        escape_whitespaces_(d.escape_whitespaces),
+        normalizer_name_(d.normalizer_name),
+        unk_id_(d.unk_id),
+        bos_id_(d.bos_id),
+        eos_id_(d.eos_id),
+        pad_id_(d.pad_id) {
     std::fill(std::begin(byte_ids_), std::end(byte_ids_), -1);
-    ProtoReader model(bytes.data(), bytes.size(), origin);
-    int model_type = 1;  // UNIGRAM by default in the proto
-    std::string charmap;
-    while (!model.done()) {
-      const auto [field, wire] = model.key();
-      if (field == 1 && wire == 2) {
-        ProtoReader pr = model.sub();
-        Piece piece;
-        while (!pr.done()) {
-          const auto [f, w] = pr.key();
-          if (f == 1 && w == 2)
-            piece.text = pr.bytes();
-          else if (f == 2 && w == 5)
-            piece.score = pr.fixed32_float();
-          else if (f == 3 && w == 0)
-            piece.type = static_cast<int>(pr.varint());
-          else
-            pr.skip(w);
-        }
-        pieces_.push_back(std::move(piece));
-      } else if (field == 2 && wire == 2) {  // TrainerSpec
-        ProtoReader tr = model.sub();
-        while (!tr.done()) {
-          const auto [f, w] = tr.key();
-          if (f == 3 && w == 0)
-            model_type = static_cast<int>(tr.varint());
-          else if (f == 35 && w == 0)
-            byte_fallback_ = tr.varint() != 0;
-          else if (f == 40 && w == 0)
-            unk_id_ = static_cast<int32_t>(tr.varint());
-          else if (f == 41 && w == 0)
-            bos_id_ = static_cast<int32_t>(tr.varint());
-          else if (f == 42 && w == 0)
-            eos_id_ = static_cast<int32_t>(tr.varint());
-          else if (f == 43 && w == 0)
-            pad_id_ = static_cast<int32_t>(tr.varint());
-          else
-            tr.skip(w);
-        }
-      } else if (field == 3 && wire == 2) {  // NormalizerSpec
-        ProtoReader nr = model.sub();
-        while (!nr.done()) {
-          const auto [f, w] = nr.key();
-          if (f == 1 && w == 2)
-            normalizer_name_ = nr.bytes();
-          else if (f == 2 && w == 2)
-            charmap = nr.bytes();
-          else if (f == 3 && w == 0)
-            add_dummy_prefix_ = nr.varint() != 0;
-          else if (f == 4 && w == 0)
-            remove_extra_whitespaces_ = nr.varint() != 0;
-          else if (f == 5 && w == 0)
-            escape_whitespaces_ = nr.varint() != 0;
-          else
-            nr.skip(w);
-        }
-      } else {
-        model.skip(wire);
-      }
+    const int model_type = d.model_type;
+    const std::string& charmap = d.charmap;
+    for (auto& p : d.pieces) {
+      Piece piece;
+      piece.text = std::move(p.text);
+      piece.score = p.score;
+      piece.type = p.type;
+      pieces_.push_back(std::move(piece));
     }
     if (pieces_.empty()) {
       throw Error(ErrorKind::kTokenizer, "SentencePiece model has no pieces", {origin});
@@ -483,6 +515,15 @@ std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer_from_bytes(const std::st
                                                                    const std::string& origin) {
   return std::make_unique<SentencePieceTokenizer>(bytes, origin);
 }
+
+namespace detail {
+
+std::unique_ptr<Tokenizer> sentencepiece_tokenizer_from_data(SentencePieceData data,
+                                                             const std::string& origin) {
+  return std::make_unique<SentencePieceTokenizer>(std::move(data), origin);
+}
+
+}  // namespace detail
 
 std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const std::string& model_path) {
   return load_sentencepiece_tokenizer_from_bytes(

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -42,7 +43,44 @@ SpecialIds resolve_special_ids(const FolderTokenConfig& config, SpecialIds guess
                                const std::vector<std::string>& end_of_turn_names,
                                std::size_t vocab_size);
 
+// load_bpe_tokenizer for a tokenizer.json document in memory, without a folder's config files
+// (a GGUF file's "gpt2" vocabulary, gguf_vocab.hpp); `origin` names it in errors.
+std::unique_ptr<Tokenizer> load_bpe_tokenizer_from_json(const std::string& text,
+                                                        const std::string& origin);
+
 // Chat-format tokens that end a turn: ChatML (Qwen), Llama 3's two, and GPT-style end of text.
 const std::vector<std::string>& end_of_turn_token_names();
+
+// A tokenizer whose BOS/EOS/end-of-turn ids come from elsewhere: a SentencePiece model's folder's
+// config files (a chat fine-tune may end its turns with a token the tokenizer.model calls
+// ordinary), or a GGUF file's metadata.
+class ConfiguredTokenizer final : public Tokenizer {
+ public:
+  ConfiguredTokenizer(std::unique_ptr<Tokenizer> inner, detail::SpecialIds ids)
+      : inner_(std::move(inner)), ids_(std::move(ids)) {}
+
+  std::vector<TokenId> encode(std::string_view text, bool add_bos) const override {
+    std::vector<TokenId> out = inner_->encode(text, false);
+    if (add_bos && ids_.bos >= 0) out.insert(out.begin(), ids_.bos);
+    return out;
+  }
+  std::string decode(const std::vector<TokenId>& ids) const override { return inner_->decode(ids); }
+  std::string decode_piece(TokenId id) const override { return inner_->decode_piece(id); }
+  TokenId bos_id() const override { return ids_.bos; }
+  TokenId eos_id() const override { return ids_.eos; }
+  TokenId unk_id() const override { return ids_.unk; }
+  TokenId pad_id() const override { return ids_.pad; }
+  std::size_t vocab_size() const override { return inner_->vocab_size(); }
+  TokenId piece_to_id(std::string_view piece) const override { return inner_->piece_to_id(piece); }
+  std::string id_to_piece(TokenId id) const override { return inner_->id_to_piece(id); }
+  bool prefixes_space() const override { return inner_->prefixes_space(); }
+  bool adds_bos() const override { return ids_.adds_bos; }
+  std::vector<TokenId> end_of_turn_ids() const override { return ids_.end_of_turn; }
+  std::string kind() const override { return inner_->kind(); }
+
+ private:
+  std::unique_ptr<Tokenizer> inner_;
+  detail::SpecialIds ids_;
+};
 
 }  // namespace promptcache::detail

@@ -15,6 +15,7 @@
 #include "promptcache/model/cpu_attention.hpp"
 #include "promptcache/model/cpu_linear.hpp"
 #include "promptcache/model/cpu_ops.hpp"
+#include "promptcache/model/gguf_model.hpp"
 #include "promptcache/model/q8_weights.hpp"
 #include "promptcache/model/safetensors.hpp"
 #include "promptcache/model/threads.hpp"
@@ -205,6 +206,9 @@ DtypeChoice choose_dtypes(torch::Dtype checkpoint, const LoadOptions& options) {
   if (options.weights) {
     c.weights = *options.weights;
     c.weights_reason = "given (--weights)";
+  } else if (checkpoint == torch::kInt8 && f32_cpu) {
+    c.weights = torch::kInt8;
+    c.weights_reason = "as the checkpoint stores them (Q8_0 blocks, repacked into q8)";
   } else if (file == c.compute || (f32_cpu && is_half(file))) {
     c.weights = file;
     c.weights_reason = "as the checkpoint stores them (" + file_name + ")" +
@@ -231,11 +235,16 @@ DtypeChoice choose_dtypes(torch::Dtype checkpoint, const LoadOptions& options) {
   return c;
 }
 
+// Matrices already in the q8 layout (a GGUF file's Q8_0 blocks, gguf_model.hpp) count as kInt8,
+// which choose_dtypes keeps as q8 weights on the CPU with f32 compute.
 std::pair<torch::Dtype, bool> checkpoint_dtype(const std::map<std::string, torch::Tensor>& w) {
   auto count = [&](bool projections_only) {
     std::map<torch::Dtype, int64_t> elements;
     for (const auto& [name, t] : w) {
-      if (!t.defined() || t.dim() != 2 || !at::isFloatingType(t.scalar_type())) continue;
+      // q8 matrices (a GGUF file's Q8_0) count as kInt8.
+      if (!t.defined() || t.dim() != 2 || !(at::isFloatingType(t.scalar_type()) || is_q8(t))) {
+        continue;
+      }
       const bool projection =
           name.size() >= 12 && name.compare(name.size() - 12, 12, "_proj.weight") == 0;
       if (projections_only && !projection) continue;
@@ -270,8 +279,10 @@ torch::TensorOptions LlamaModel::kv_options() const {
   return torch::TensorOptions().device(options_.device).dtype(kv_dtype());
 }
 
+// A folder, or a GGUF file (gguf_model.hpp).
 std::unique_ptr<LlamaModel> LlamaModel::load(const std::string& dir, const LoadOptions& options) {
   namespace fs = std::filesystem;
+  if (gguf::is_gguf_file(dir)) return gguf::load_model(dir, options);
   if (!fs::is_directory(dir)) {
     throw Error(ErrorKind::kModel,
                 "model folder does not exist (expected a HuggingFace folder "
@@ -343,6 +354,12 @@ std::unique_ptr<LlamaModel> LlamaModel::from_tensors(const ModelConfig& config,
     if (it == w.end()) {
       throw Error(ErrorKind::kModel, "tensor is missing from the checkpoint",
                   {origin, 0, 0, "tensor '" + name + "'"});
+    }
+    // A matrix already in the q8 layout (a GGUF file's Q8_0 blocks, repacked): kept as it is
+    // for q8 weights, else dequantized.
+    if (shape.size() == 2 && is_q8(it->second) && it->second.size(0) == shape[0] &&
+        q8_in_features(it->second) == shape[1]) {
+      return q8 ? it->second : dequantize_q8(it->second, shape[1]).to(to_weights);
     }
     if (it->second.sizes() != at::IntArrayRef(shape)) {
       throw Error(ErrorKind::kModel,

@@ -15,7 +15,8 @@ if(NOT TARGET promptcache_fuzz_pml)
   # LibTorch-free, so CI can build and fuzz them without a clang build of LibTorch code.
   add_library(promptcache_fuzz_request STATIC ${PROMPTCACHE_FUZZ_SOURCE_DIR}/entries_request.cpp)
   target_link_libraries(promptcache_fuzz_request PUBLIC promptcache_request)
-  add_library(promptcache_fuzz_config STATIC ${PROMPTCACHE_FUZZ_SOURCE_DIR}/entries_config.cpp)
+  add_library(promptcache_fuzz_config STATIC ${PROMPTCACHE_FUZZ_SOURCE_DIR}/entries_config.cpp
+              ${PROMPTCACHE_FUZZ_SOURCE_DIR}/entries_gguf.cpp)
   target_link_libraries(promptcache_fuzz_config PUBLIC promptcache_core)
   # The Redis tier's sealed values (redis_value): LibTorch-free as well.
   add_library(promptcache_fuzz_states STATIC ${PROMPTCACHE_FUZZ_SOURCE_DIR}/entries_states.cpp)
@@ -37,3 +38,5 @@ set(PROMPTCACHE_FUZZ_TARGETS schema prompt tokenizer_json sentencepiece safetens
 # The server's edge and config.json (LibTorch-free, like the PML and tokenizer targets).
 list(APPEND PROMPTCACHE_FUZZ_TARGETS http_request openai_json posted_pml config_json eval_row)
 list(APPEND PROMPTCACHE_FUZZ_TARGETS chat_template)
+# GGUF model files (gguf): LibTorch-free too, in the config entries' library.
+list(APPEND PROMPTCACHE_FUZZ_TARGETS gguf)

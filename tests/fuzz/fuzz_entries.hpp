@@ -75,6 +75,8 @@ void tokenizer_json_entry(const std::uint8_t* data, std::size_t size);
 // fixed strings and the model's own pieces, decode.
 void sentencepiece_entry(const std::uint8_t* data, std::size_t size);
 // "safetensors": the bytes as a whole .safetensors file -> SafetensorsFile::open -> tensor().
+// A GGUF model file: the reader, the config and the tokenizer of its metadata (LibTorch-free).
+void gguf_entry(const std::uint8_t* data, std::size_t size);
 void safetensors_entry(const std::uint8_t* data, std::size_t size);
 // "cache_file": the bytes as a cache file -> load_cache_file against a fixed schema layout and a
 // tiny random model; then once more with the file's checksums recomputed, so that mutations get
@@ -95,6 +97,7 @@ inline constexpr const char* kRedisValueSecret = "fuzz-secret";
 // with RedisTier::encode).
 void write_tokenizer_seeds(const std::string& corpus_root);
 void write_model_seeds(const std::string& corpus_root);
+void write_gguf_seeds(const std::string& corpus_root);
 
 namespace detail {
 

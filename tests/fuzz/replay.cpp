@@ -49,6 +49,7 @@ const Target kTargets[] = {
     {"tokenizer_json", promptcache::fuzz::tokenizer_json_entry},
     {"sentencepiece", promptcache::fuzz::sentencepiece_entry},
     {"safetensors", promptcache::fuzz::safetensors_entry},
+    {"gguf", promptcache::fuzz::gguf_entry},
     {"cache_file", promptcache::fuzz::cache_file_entry},
     {"redis_value", promptcache::fuzz::redis_value_entry},
 };
@@ -111,6 +112,7 @@ int main(int argc, char** argv) {
     try {
       promptcache::fuzz::write_tokenizer_seeds(args[1]);
       promptcache::fuzz::write_model_seeds(args[1]);
+      promptcache::fuzz::write_gguf_seeds(args[1]);
     } catch (const std::exception& e) {
       std::cerr << "fuzz_replay: " << e.what() << "\n";
       return 1;

@@ -1,0 +1,217 @@
+// gguf_model.cpp — GGUF metadata to ModelConfig and back, llama.cpp's tensor names to HF's and
+// back, and the file's tensors as LibTorch tensors for LlamaModel::from_tensors.
+#include "promptcache/model/gguf_model.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <cstring>
+
+#include "promptcache/error.hpp"
+#include "promptcache/model/q8_weights.hpp"
+
+namespace promptcache::gguf {
+namespace {
+
+[[noreturn]] void fail(const std::string& origin, const std::string& message,
+                       const std::string& element = {}) {
+  throw Error(ErrorKind::kModel, message, {origin, 0, 0, element});
+}
+
+// Per-layer names: llama.cpp's suffix after "blk.N." and HF's after "model.layers.N.".
+const std::pair<const char*, const char*> kLayerNames[] = {
+    {"attn_norm.weight", "input_layernorm.weight"},
+    {"ffn_norm.weight", "post_attention_layernorm.weight"},
+    {"attn_q.weight", "self_attn.q_proj.weight"},
+    {"attn_k.weight", "self_attn.k_proj.weight"},
+    {"attn_v.weight", "self_attn.v_proj.weight"},
+    {"attn_output.weight", "self_attn.o_proj.weight"},
+    {"attn_q.bias", "self_attn.q_proj.bias"},
+    {"attn_k.bias", "self_attn.k_proj.bias"},
+    {"attn_v.bias", "self_attn.v_proj.bias"},
+    {"attn_output.bias", "self_attn.o_proj.bias"},
+    {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+    {"attn_k_norm.weight", "self_attn.k_norm.weight"},
+    {"ffn_gate.weight", "mlp.gate_proj.weight"},
+    {"ffn_up.weight", "mlp.up_proj.weight"},
+    {"ffn_down.weight", "mlp.down_proj.weight"},
+    {"ffn_gate.bias", "mlp.gate_proj.bias"},
+    {"ffn_up.bias", "mlp.up_proj.bias"},
+    {"ffn_down.bias", "mlp.down_proj.bias"},
+};
+const std::pair<const char*, const char*> kGlobalNames[] = {
+    {"token_embd.weight", "model.embed_tokens.weight"},
+    {"output_norm.weight", "model.norm.weight"},
+    {"output.weight", "lm_head.weight"},
+};
+
+// "<prefix><digits>.<rest>" -> {layer, rest}; layer -1 when the name is not of that form.
+std::pair<int64_t, std::string> split_layer(const std::string& name, const std::string& prefix) {
+  if (name.compare(0, prefix.size(), prefix) != 0) return {-1, {}};
+  std::size_t i = prefix.size();
+  int64_t layer = 0;
+  const std::size_t digits_begin = i;
+  while (i < name.size() && name[i] >= '0' && name[i] <= '9' && i - digits_begin < 9) {
+    layer = layer * 10 + (name[i] - '0');
+    ++i;
+  }
+  if (i == digits_begin || i >= name.size() || name[i] != '.') return {-1, {}};
+  return {layer, name.substr(i + 1)};
+}
+
+bool permuted(const ModelConfig& c, const std::string& hf_name) {
+  if (c.model_type != "llama" && c.model_type != "mistral") return false;
+  const auto [layer, rest] = split_layer(hf_name, "model.layers.");
+  return layer >= 0 &&
+         (rest.rfind("self_attn.q_proj.", 0) == 0 || rest.rfind("self_attn.k_proj.", 0) == 0);
+}
+
+int64_t permute_heads(const ModelConfig& c, const std::string& hf_name) {
+  return hf_name.find(".k_proj.") != std::string::npos ? c.num_key_value_heads
+                                                       : c.num_attention_heads;
+}
+
+torch::Dtype torch_dtype_of(uint32_t type) {
+  switch (type) {
+    case 0:
+      return torch::kFloat32;
+    case 1:
+      return torch::kFloat16;
+    case 30:
+      return torch::kBFloat16;
+    default:
+      return torch::kUInt8;
+  }
+}
+
+}  // namespace
+
+torch::Tensor q8_from_q8_0(const uint8_t* src, int64_t n, int64_t k) {
+  const int64_t blocks = k / 32;
+  torch::Tensor out = torch::empty({n, q8_row_bytes(k)}, torch::kInt8);
+  auto* dst = reinterpret_cast<uint8_t*>(out.data_ptr<int8_t>());
+  const int64_t row_bytes = q8_row_bytes(k);
+  at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const uint8_t* in = src + r * blocks * 34;
+      uint8_t* row = dst + r * row_bytes;
+      for (int64_t b = 0; b < blocks; ++b) {
+        std::memcpy(row + k + 2 * b, in + b * 34, 2);
+        std::memcpy(row + b * 32, in + b * 34 + 2, 32);
+      }
+    }
+  });
+  return out;
+}
+
+std::string q8_0_from_q8(const torch::Tensor& q8, int64_t k) {
+  const torch::Tensor q = q8.contiguous();
+  const int64_t n = q.size(0), blocks = k / 32, row_bytes = q8_row_bytes(k);
+  std::string out(static_cast<std::size_t>(n * blocks * 34), '\0');
+  const auto* src = reinterpret_cast<const uint8_t*>(q.data_ptr<int8_t>());
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      char* block = &out[static_cast<std::size_t>((r * blocks + b) * 34)];
+      std::memcpy(block, src + r * row_bytes + k + 2 * b, 2);
+      std::memcpy(block + 2, src + r * row_bytes + b * 32, 32);
+    }
+  }
+  return out;
+}
+
+std::string gguf_tensor_name(const std::string& hf) {
+  for (const auto& [g, h] : kGlobalNames) {
+    if (hf == h) return g;
+  }
+  const auto [layer, rest] = split_layer(hf, "model.layers.");
+  if (layer < 0) return {};
+  for (const auto& [g, h] : kLayerNames) {
+    if (rest == h) return "blk." + std::to_string(layer) + "." + g;
+  }
+  return {};
+}
+
+std::string hf_tensor_name(const std::string& gguf) {
+  for (const auto& [g, h] : kGlobalNames) {
+    if (gguf == g) return h;
+  }
+  const auto [layer, rest] = split_layer(gguf, "blk.");
+  if (layer < 0) return {};
+  for (const auto& [g, h] : kLayerNames) {
+    if (rest == g) return "model.layers." + std::to_string(layer) + "." + h;
+  }
+  return {};
+}
+
+torch::Tensor permute_rows_for_gguf(const torch::Tensor& w, int64_t heads) {
+  // HF rows per head: [2 halves, d/2] -> llama.cpp's [d/2, 2] (convert_hf_to_gguf.py's permute).
+  std::vector<int64_t> shape = {heads, 2, w.size(0) / heads / 2};
+  for (int64_t i = 1; i < w.dim(); ++i) shape.push_back(w.size(i));
+  return w.reshape(shape).transpose(1, 2).reshape(w.sizes()).contiguous();
+}
+
+torch::Tensor unpermute_rows_from_gguf(const torch::Tensor& w, int64_t heads) {
+  std::vector<int64_t> shape = {heads, w.size(0) / heads / 2, 2};
+  for (int64_t i = 1; i < w.dim(); ++i) shape.push_back(w.size(i));
+  return w.reshape(shape).transpose(1, 2).reshape(w.sizes()).contiguous();
+}
+
+std::map<std::string, torch::Tensor> hf_tensors(const std::shared_ptr<File>& file,
+                                                const ModelConfig& config) {
+  std::map<std::string, torch::Tensor> out;
+  for (const TensorInfo& t : file->header().tensors) {
+    const std::string element = "tensor '" + t.name + "'";
+    const std::string hf = hf_tensor_name(t.name);
+    if (hf.empty()) {
+      fail(file->path(), "is not a tensor of the " + config.model_type + " architecture", element);
+    }
+    std::vector<int64_t> shape(t.dims.rbegin(), t.dims.rend());
+    const TypeInfo* info = type_info(t.type);
+    const auto* bytes = file->data(t);
+    torch::Tensor tensor;
+    if (t.type == 8 && shape.size() == 2) {
+      tensor = q8_from_q8_0(bytes, shape[0], shape[1]);
+    } else if (info->block_elements == 1) {
+      std::shared_ptr<File> keep = file;
+      tensor = torch::from_blob(
+          const_cast<uint8_t*>(bytes), shape, [keep](void*) mutable { keep.reset(); },
+          torch::TensorOptions().dtype(torch_dtype_of(t.type)));
+    } else {
+      if (shape.size() != 2) {
+        fail(file->path(), std::string(info->name) + " tensors must be 2-D", element);
+      }
+      shape = {shape[0], shape[1] / info->block_elements, info->block_bytes};
+      std::shared_ptr<File> keep = file;
+      tensor = torch::from_blob(
+          const_cast<uint8_t*>(bytes), shape, [keep](void*) mutable { keep.reset(); },
+          torch::TensorOptions().dtype(torch::kUInt8));
+    }
+    if (permuted(config, hf)) {
+      const int64_t heads = permute_heads(config, hf);
+      if (heads <= 0 || tensor.size(0) % (2 * heads) != 0) {
+        fail(file->path(), "rows do not split into " + std::to_string(heads) + " heads", element);
+      }
+      tensor = unpermute_rows_from_gguf(tensor, heads);
+    }
+    out.emplace(hf, std::move(tensor));
+  }
+  return out;
+}
+
+std::unique_ptr<LlamaModel> load_model(const std::string& path, const LoadOptions& options) {
+  const auto file = File::open(path);
+  const ModelConfig config = config_from_file(*file);
+  for (const TensorInfo& t : file->header().tensors) {
+    if (type_info(t.type)->block_elements > 1 && t.type != 8) {
+      throw Error(ErrorKind::kModel,
+                  std::string("is ") + type_info(t.type)->name + ": running " +
+                      type_info(t.type)->name +
+                      " weights needs the block-quantized kernels (ggml_quant.hpp), which are not "
+                      "in this build (F32, F16, BF16 and Q8_0 files run)",
+                  {path, 0, 0, "tensor '" + t.name + "'"});
+    }
+  }
+  return LlamaModel::from_tensors(config, hf_tensors(file, config), options, path);
+}
+
+}  // namespace promptcache::gguf
