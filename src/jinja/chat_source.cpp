@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/tokenizer_config.hpp"
+#include "promptcache/model/gguf.hpp"
 
 namespace promptcache::jinja {
 namespace {
@@ -183,6 +184,41 @@ std::string render_chat(const ChatTemplateSource& source, const ChatInputs& inpu
                         const Limits& limits) {
   const Template t = Template::parse(source.text, source.origin, limits);
   return t.render(chat_variables(source, inputs));
+}
+
+std::optional<ChatTemplateSource> gguf_chat_template(const std::string& path) {
+  const std::shared_ptr<gguf::File> file = gguf::File::open(path);
+  std::optional<std::string> text = file->get_string("tokenizer.chat_template");
+  if (!text) return std::nullopt;
+  const gguf::Value* tokens = file->find("tokenizer.ggml.tokens");
+  auto token = [&](const char* key) -> std::optional<std::string> {
+    const std::optional<int64_t> id = file->get_int(key);
+    if (!id || tokens == nullptr || tokens->type != gguf::ValueType::kArray ||
+        tokens->item_type != gguf::ValueType::kString || *id < 0 ||
+        static_cast<uint64_t>(*id) >= tokens->items.size()) {
+      return std::nullopt;
+    }
+    return tokens->items[static_cast<std::size_t>(*id)].str;
+  };
+  return from_string(std::move(*text), path + ": tokenizer.chat_template",
+                     token("tokenizer.ggml.bos_token_id"), token("tokenizer.ggml.eos_token_id"));
+}
+
+std::optional<ChatTemplateSource> model_chat_template_source(const fs::path& model,
+                                                             const std::string& name) {
+  if (gguf::is_gguf_file(model.string())) {
+    if (!name.empty()) {
+      throw Error(kTemplateError,
+                  "a GGUF file holds one chat template (tokenizer.chat_template), no named ones: "
+                  "'" +
+                      name + "' was asked for",
+                  {model.string()});
+    }
+    return gguf_chat_template(model.string());
+  }
+  std::error_code ec;
+  if (!fs::is_directory(model, ec)) return std::nullopt;
+  return find_chat_template(model, name);
 }
 
 }  // namespace promptcache::jinja

@@ -283,11 +283,7 @@ ModelChatTemplate model_chat_template(const std::filesystem::path& model,
   }
   std::optional<ChatTemplateSource> source = jinja_source;
   std::string why_not;
-  if (!source) {
-    std::error_code ec;
-    if (!model.empty() && std::filesystem::is_directory(model, ec))
-      source = find_chat_template(model);
-  }
+  if (!source && !model.empty()) source = model_chat_template_source(model);
   if (source) {
     DerivedChatTemplate derived = derive_chat_template(*source);
     if (derived.chat) {

@@ -40,6 +40,18 @@ ChatTemplateSource from_string(std::string text, std::string origin,
 std::optional<ChatTemplateSource> find_chat_template(const std::filesystem::path& folder,
                                                      const std::string& name = {});
 
+// A GGUF file's template: the metadata string tokenizer.chat_template, with the tokens at
+// tokenizer.ggml.bos_token_id / eos_token_id of tokenizer.ggml.tokens as bos_token / eos_token
+// (left undefined when absent); nullopt when the file has no template. Error(kModel) naming the
+// file and key for a file the GGUF reader refuses or a key of another type.
+std::optional<ChatTemplateSource> gguf_chat_template(const std::string& path);
+
+// A model's template, wherever it keeps it: a GGUF file's (gguf_chat_template), else a
+// folder's (find_chat_template; `name` picks a named template, which a GGUF file has none of:
+// Error(kTemplateError)). nullopt when the model has none (or `model` is neither).
+std::optional<ChatTemplateSource> model_chat_template_source(const std::filesystem::path& model,
+                                                             const std::string& name = {});
+
 // JSON as template values, objects in their order (ordered_json: tojson must write a tool's
 // fields as the file has them). Error(kTemplateError) past 128 levels.
 Value value_from_json(const nlohmann::ordered_json& json);

@@ -34,9 +34,10 @@ DerivedChatTemplate derive_chat_template(const ChatTemplateSource& source,
 // The chat template a model's PML chat tags and chat messages use, and where it came from:
 // `requested` (--template: a family name, or "jinja" for the model's own template, which must
 // then split), else the family config.json names (`configured`), else the model's Jinja template
-// (find_chat_template(model), or `jinja_source` when given: GGUF's) when it splits into role texts,
-// else the family the tokenizer's special tokens or the architecture suggest
-// (pml::choose_chat_template). `origin` says which, and why a Jinja template was not used.
+// (`jinja_source` when given, else model_chat_template_source(model): a folder's or a GGUF
+// file's) when it splits into role texts, else the family the tokenizer's special tokens or the
+// architecture suggest (pml::choose_chat_template). `origin` says which, and why a Jinja template
+// was not used.
 struct ModelChatTemplate {
   pml::ChatTemplate chat;
   std::string origin;
