@@ -283,7 +283,15 @@ ModelChatTemplate model_chat_template(const std::filesystem::path& model,
   }
   std::optional<ChatTemplateSource> source = jinja_source;
   std::string why_not;
-  if (!source && !model.empty()) source = model_chat_template_source(model);
+  if (!source && !model.empty()) {
+    try {
+      source = model_chat_template_source(model);
+    } catch (const Error& e) {
+      // A malformed template field does not keep the model from loading with a family's texts.
+      if (want_jinja) throw;
+      why_not = std::string("its chat template could not be read: ") + e.what();
+    }
+  }
   if (source) {
     DerivedChatTemplate derived = derive_chat_template(*source);
     if (derived.chat) {
@@ -292,7 +300,7 @@ ModelChatTemplate model_chat_template(const std::filesystem::path& model,
       return out;
     }
     why_not = source->origin + ": " + derived.reason;
-  } else {
+  } else if (why_not.empty()) {
     why_not = "the model has no Jinja chat template";
   }
   if (want_jinja) throw Error(kTemplateError, "--template jinja: " + why_not);

@@ -261,5 +261,16 @@ TEST_CASE("a model's Jinja template is the chat tags' template unless a family i
   const ModelChatTemplate gemma = model_chat_template(dir, "", "", tok, "llama-2");
   CHECK(gemma.chat.family == "chatml");
   CHECK_THAT(gemma.origin, Catch::Contains("System role not supported"));
+  // A malformed template field: the family, and why; required, the error.
+  const fs::path bad = dir / "bad";
+  fs::create_directories(bad);
+  {
+    std::ofstream config(bad / "tokenizer_config.json");
+    config << R"({"chat_template": 5})";
+  }
+  const ModelChatTemplate unread = model_chat_template(bad, "", "", tok, "llama-2");
+  CHECK(unread.chat.family == "chatml");
+  CHECK_THAT(unread.origin, Catch::Contains("could not be read"));
+  CHECK_THROWS(model_chat_template(bad, "jinja", "", tok, "llama-2"));
   fs::remove_all(dir);
 }
