@@ -293,6 +293,14 @@ ModelChatTemplate model_chat_template(const std::filesystem::path& model,
     }
   }
   if (source) {
+    // A folder without tokenizer_config.json's tokens: the tokenizer's own BOS/EOS pieces, as HF's
+    // tokenizer has them from its special tokens.
+    if (!source->bos_token && tokenizer.bos_id() >= 0) {
+      source->bos_token = tokenizer.id_to_piece(tokenizer.bos_id());
+    }
+    if (!source->eos_token && tokenizer.eos_id() >= 0) {
+      source->eos_token = tokenizer.id_to_piece(tokenizer.eos_id());
+    }
     DerivedChatTemplate derived = derive_chat_template(*source);
     if (derived.chat) {
       out.chat = std::move(*derived.chat);

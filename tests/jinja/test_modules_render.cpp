@@ -274,3 +274,25 @@ TEST_CASE("a model's Jinja template is the chat tags' template unless a family i
   CHECK_THROWS(model_chat_template(bad, "jinja", "", tok, "llama-2"));
   fs::remove_all(dir);
 }
+
+TEST_CASE("a folder without tokenizer_config.json renders its template with the tokenizer's BOS",
+          "[jinja][derive][modules]") {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::temp_directory_path() / ("pc_template_bos_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  {
+    std::ifstream in(test::source_dir() + "/tests/jinja/templates/cz-llama-2-chat.jinja",
+                     std::ios::binary);
+    std::ofstream out(dir / "chat_template.jinja", std::ios::binary);
+    out << in.rdbuf();
+  }
+  // Without a bos_token the template fails (`bos_token + ...`); the tokenizer's <s> is used.
+  pml_test::FakeTokenizer tok;
+  const ModelChatTemplate chosen = model_chat_template(dir, "", "", tok, "plain");
+  INFO(chosen.origin);
+  CHECK(chosen.chat.family == "jinja");
+  CHECK_THAT(chosen.chat.assistant.close, Catch::Contains("</s>"));
+  CHECK_THAT(chosen.chat.user.open, Catch::Contains("<s>[INST]"));
+  fs::remove_all(dir);
+}

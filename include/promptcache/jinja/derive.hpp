@@ -37,7 +37,8 @@ DerivedChatTemplate derive_chat_template(const ChatTemplateSource& source,
 // (`jinja_source` when given, else model_chat_template_source(model): a folder's or a GGUF
 // file's) when it splits into role texts, else the family the tokenizer's special tokens or the
 // architecture suggest (pml::choose_chat_template). `origin` says which, and why a Jinja template
-// was not used.
+// was not used. A template source without bos_token/eos_token gets the tokenizer's BOS/EOS
+// pieces (a folder without tokenizer_config.json).
 struct ModelChatTemplate {
   pml::ChatTemplate chat;
   std::string origin;
