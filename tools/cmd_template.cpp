@@ -10,6 +10,7 @@
 
 #include "cli_common.hpp"
 #include "promptcache/jinja/chat_source.hpp"
+#include "promptcache/model/gguf.hpp"
 
 namespace promptcache::cli {
 namespace {
@@ -70,7 +71,8 @@ Command register_template(CLI::App& root) {
       "--var enable_thinking=false");
   app->add_option("--model,-m", o->model,
                   "model folder (chat_template.jinja, else tokenizer_config.json's chat_template; "
-                  "bos_token/eos_token from tokenizer_config.json) or FILE.gguf");
+                  "bos_token/eos_token from tokenizer_config.json) or FILE.gguf "
+                  "(tokenizer.chat_template, the tokens at tokenizer.ggml.bos/eos_token_id)");
   app->add_option("--messages", o->messages,
                   "JSON file: a list of {\"role\", \"content\", ...} messages, passed as they are")
       ->required();
@@ -92,20 +94,21 @@ Command register_template(CLI::App& root) {
         std::optional<jinja::ChatTemplateSource> source;
         if (!o->model.empty()) {
           std::error_code ec;
-          if (fs::is_regular_file(o->model, ec)) {
-            // The GGUF reader hands its tokenizer.chat_template to jinja::from_string.
+          const bool file = fs::is_regular_file(o->model, ec);
+          if (!file && !fs::is_directory(o->model, ec)) {
+            throw UsageError("template: --model " + o->model + ": no such folder or file");
+          }
+          if (file && !gguf::is_gguf_file(o->model)) {
             throw UsageError("template: --model " + o->model +
-                             ": reading a chat template from a GGUF file is not supported "
-                             "yet; give the model folder, or --template FILE.jinja");
+                             ": neither a model folder nor a GGUF file (no GGUF magic)");
           }
-          if (!fs::is_directory(o->model, ec)) {
-            throw UsageError("template: --model " + o->model + ": no such folder");
-          }
-          source = jinja::find_chat_template(o->model, o->template_name);
+          // A GGUF file's tokenizer.chat_template, else the folder's.
+          source = jinja::model_chat_template_source(o->model, o->template_name);
           if (!source && o->template_file.empty()) {
             throw Error(jinja::kTemplateError,
                         "the model has no chat template (no chat_template.jinja, no "
-                        "chat_template in tokenizer_config.json): give --template FILE.jinja",
+                        "chat_template in tokenizer_config.json, no tokenizer.chat_template in "
+                        "a GGUF file): give --template FILE.jinja",
                         {o->model});
           }
         }

@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "promptcache/error.hpp"
+#include "promptcache/jinja/chat_source.hpp"
 #include "promptcache/model/gguf.hpp"
 #include "promptcache/model/gguf_model.hpp"
 #include "promptcache/model/gguf_vocab.hpp"
@@ -170,7 +171,11 @@ ConvertReport convert_folder(const std::string& dir, const std::string& out, Fil
   writer.set("general.name", Value::string(fs::path(dir).lexically_normal().filename().string()));
   writer.set("general.file_type", Value::u32(llama_ftype(type)));
   writer.set("general.quantization_version", Value::u32(2));
-  put_vocab(writer, vocab_from_folder(dir));
+  Vocab vocab = vocab_from_folder(dir);
+  // The folder's chat template wherever it keeps it (chat_template.jinja first, then
+  // tokenizer_config.json's string or the "default" of its named templates), as HF reads it.
+  if (auto source = jinja::find_chat_template(dir)) vocab.chat_template = std::move(source->text);
+  put_vocab(writer, vocab);
 
   const auto checkpoint = SafetensorsCheckpoint::open_folder(dir);
   ConvertReport report;

@@ -49,6 +49,12 @@ MODELS = {
     "cz-gemma-it": ("<bos>", "<eos>", [{}]),
     "cz-llama-3-instruct": ("<|begin_of_text|>", "<|eot_id|>", [{}]),
     "cz-granite-3.0-instruct": ("<|end_of_text|>", "<|end_of_text|>", [{}]),
+    "cz-llama-3.2-1b-instruct": ("<|begin_of_text|>", "<|eot_id|>", [{}]),
+    "cz-vicuna": ("<s>", "</s>", [{}]),
+    "cz-openchat": ("<s>", "<|end_of_turn|>", [{}]),
+    "cz-falcon": (None, "<|endoftext|>", [{}]),
+    "cz-alpaca": ("<s>", "</s>", [{}]),
+    "phi-4-mini": ("<|endoftext|>", "<|endoftext|>", [{}]),
 }
 # The feature templates (tests/jinja/features, written for these tests): the rest of the subset,
 # on two message lists.
@@ -58,9 +64,14 @@ FEATURE_MESSAGES = {"system_multi", "unicode"}
 WITH_TOOLS = {"system_user", "tool_calls", "multi_turn", "user"}
 
 
+class RaisedException(TemplateError):
+    """The template's own raise_exception (HF raises a TemplateError; jinja2's UndefinedError, a
+    TemplateError too, is a failure of the template instead, not a message of its own)."""
+
+
 def reference(template, messages, add_generation_prompt, tools, bos, eos, extra):
     def raise_exception(message):
-        raise TemplateError(message)
+        raise RaisedException(message)
 
     def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
@@ -90,6 +101,70 @@ def difference(want, got):
     while i < min(len(want), len(got)) and want[i] == got[i]:
         i += 1
     return f"first difference at character {i}: expected {want[max(0, i - 40):i + 40]!r}, got {got[max(0, i - 40):i + 40]!r}"
+
+
+# Templates written into a GGUF file by `promptcache convert` (the tiny shape's vocabulary has
+# <s> and </s> as its BOS and EOS), alternately from tokenizer_config.json and chat_template.jinja.
+GGUF_TEMPLATES = ["cz-llama-2-chat", "qwen3", "cz-qwen2.5-instruct", "mistral-nemo"]
+
+
+def gguf_cases(binary, tmp, message_sets, counts, failures):
+    model = os.path.join(tmp, "gguf-model")
+    run = subprocess.run([binary, "make-model", "--shape", "tiny", "--out", model],
+                         capture_output=True, timeout=300)
+    if run.returncode != 0:
+        failures.append(f"make-model: rc {run.returncode}: {run.stderr.decode()}")
+        return
+    config_path = os.path.join(model, "tokenizer_config.json")
+    base = {}
+    if os.path.exists(config_path):
+        with open(config_path, encoding="utf-8") as f:
+            base = json.load(f)
+    for index, name in enumerate(GGUF_TEMPLATES):
+        with open(os.path.join(HERE, "templates", name + ".jinja"), encoding="utf-8") as f:
+            template = f.read()
+        config = dict(base)
+        jinja_file = os.path.join(model, "chat_template.jinja")
+        if os.path.exists(jinja_file):
+            os.remove(jinja_file)
+        if index % 2 == 0:
+            config["chat_template"] = template
+        else:
+            config.pop("chat_template", None)
+            with open(jinja_file, "w", encoding="utf-8") as f:
+                f.write(template)
+        with open(config_path, "w", encoding="utf-8") as f:
+            json.dump(config, f, ensure_ascii=False)
+        out = os.path.join(tmp, name + ".gguf")
+        run = subprocess.run([binary, "convert", "--model", model, "--out", out, "--type", "f32"],
+                             capture_output=True, timeout=300)
+        if run.returncode != 0:
+            failures.append(f"convert ({name}): rc {run.returncode}: {run.stderr.decode()}")
+            continue
+        for message_set in message_sets:
+            path = os.path.join(HERE, "messages", message_set + ".json")
+            with open(path, encoding="utf-8") as f:
+                messages = json.load(f)
+            for agp in (False, True):
+                case = f"GGUF {name} × {message_set}{' +gen' if agp else ''}"
+                try:
+                    want, want_raise = reference(template, messages, agp, None, "<s>", "</s>", {}), None
+                except RaisedException as e:
+                    want, want_raise = None, str(e)
+                except Exception:
+                    continue  # both-fail cases are covered by the folder runs above
+                command = [binary, "template", "--model", out, "--messages", path]
+                if agp:
+                    command.append("--add-generation-prompt")
+                run = subprocess.run(command, capture_output=True, timeout=60)
+                got, err = run.stdout.decode("utf-8", "replace"), run.stderr.decode("utf-8", "replace")
+                if want is not None and run.returncode == 0 and got == want:
+                    counts["GGUF same text"] = counts.get("GGUF same text", 0) + 1
+                elif want_raise is not None and run.returncode != 0 and want_raise in err:
+                    counts["GGUF same raise"] = counts.get("GGUF same raise", 0) + 1
+                else:
+                    detail = difference(want, got) if want is not None else f"expected raise {want_raise!r}"
+                    failures.append(f"{case}: rc {run.returncode}, {detail}\n  stderr {err.strip()}")
 
 
 def main():
@@ -135,7 +210,7 @@ def main():
                                 want, want_raise, want_error = reference(
                                     template, messages, agp, tools if use_tools else None, bos,
                                     eos, extra), None, None
-                            except TemplateError as e:
+                            except RaisedException as e:
                                 want, want_raise, want_error = None, str(e), None
                             except Exception as e:  # TypeError, UndefinedError, SecurityError...
                                 want, want_raise, want_error = None, None, f"{type(e).__name__}: {e}"
@@ -174,7 +249,7 @@ def main():
         with open(bad, "w", encoding="utf-8") as f:
             f.write("line 1\n{% for m in messages %}\n{{ m.content | no_such_filter }}\n{% endfor %}")
         checks = [
-            (["--model", gguf], 2, "GGUF"),
+            (["--model", gguf], 1, "model.gguf"),
             (["--model", empty], 1, "no chat template"),
             (["--template", bad], 1, "bad.jinja:3:"),
             (["--template", bad, "--var", "novalue"], 2, "NAME=VALUE"),
@@ -188,6 +263,9 @@ def main():
             else:
                 failures.append(f"template {' '.join(args)}: expected exit {code} and {text!r} on "
                                 f"stderr, got {run.returncode}: {err.strip()}")
+        # GGUF: `promptcache convert` writes the folder's template as tokenizer.chat_template, and
+        # `promptcache template --model FILE.gguf` renders it with the vocabulary's bos/eos tokens.
+        gguf_cases(binary, tmp, message_sets, counts, failures)
     total = sum(counts.values())
     print(f"{len(MODELS)} templates and {len(FEATURES)} feature templates, {total + len(failures)} cases: " +
           ", ".join(f"{v} {k}" for k, v in counts.items()) + f", {len(failures)} mismatches")
