@@ -84,7 +84,9 @@ Command register_layout(CLI::App& root) {
                                                            config.chat_template, *tok,
                                                            config.default_chat_template());
             const pml::ChatTemplate& tmpl = chosen.chat;
-            std::cout << "chat template: " << chosen.origin << "\n";
+            // The hand-written families are named in the first line already; a model's own
+            // template is named by its source.
+            if (tmpl.family == "jinja") std::cout << "chat template: " << chosen.origin << "\n";
             const auto schema = read_schema_file(o->schema, o->allow_src_outside);
             print_warnings(schema.warnings);
             // Over-long schemas are shown, with warnings; only one far past any use (64 times
