@@ -36,6 +36,9 @@ dict+=([http_request]=request.dict [openai_json]=request.dict [posted_pml]=poste
 # An eval dataset's lines (issue 33).
 targets+=(eval_row)
 dict+=([eval_row]=request.dict)
+# Jinja chat templates (issue 34).
+targets+=(chat_template)
+dict+=([chat_template]=jinja.dict)
 # GGUF model files (issue 34).
 targets+=(gguf)
 # What CI fuzzes: the targets that link no LibTorch (redis_value checks values through the
@@ -43,7 +46,7 @@ targets+=(gguf)
 # library (safetensors, cache_file) would add ~20 minutes to CI, and those two keep their seeds
 # and regressions replayed by fuzz_replay in the normal pass (docs/fuzzing.md, "In CI").
 ci_targets=(schema prompt tokenizer_json sentencepiece http_request openai_json posted_pml
-  config_json redis_value eval_row gguf)
+  config_json redis_value eval_row chat_template gguf)
 
 usage() {
   sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'

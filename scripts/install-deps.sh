@@ -11,7 +11,8 @@
 # in tests/server, which also needs node and npm, not installed here); clang-14, its runtime
 # libraries (libFuzzer, the sanitizers) and llvm-14 (llvm-symbolizer, for readable reports) for
 # CI's fuzz pass (scripts/fuzz.sh ci); pybind11-dev, python3-dev, python3-torch and
-# python3-pytest for the Python module and its suite (tests/python, docs/python.md). Debian's
+# python3-pytest for the Python module and its suite (tests/python, docs/python.md); python3-jinja2,
+# the reference `promptcache template` is compared with (tests/jinja/compare_reference.py). Debian's
 # python3-torch must be the PyTorch release of libtorch-dev (the module hands tensors to it, and
 # both load the same libtorch_cpu.so): checked at the end.
 set -euo pipefail
@@ -28,7 +29,7 @@ build=(build-essential cmake ninja-build pkg-config ccache libtorch-dev libopenb
        libssl-dev libcpp-httplib-dev libhiredis-dev)
 test_pkgs=(catch2 libsentencepiece-dev sentencepiece python3 redis-server chromium
            clang-14 libclang-rt-14-dev llvm-14 pybind11-dev python3-dev python3-torch
-           python3-pytest python3-venv)
+           python3-pytest python3-venv python3-jinja2)
 pkgs=("${build[@]}")
 apt_flags=(--no-install-recommends)
 if ((tests)); then

@@ -55,6 +55,7 @@ Command register_fidelity(CLI::App& root);
 Command register_serve(CLI::App& root);
 Command register_eval(CLI::App& root);
 Command register_info(CLI::App& root);
+Command register_template(CLI::App& root);
 // A command this build leaves out (PROMPTCACHE_DEMO_ONLY, scripts/demo.sh): it takes any
 // arguments and exits 2 saying that scripts/build.sh builds it.
 Command register_absent(CLI::App& root, const std::string& name);

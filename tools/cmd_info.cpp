@@ -46,7 +46,8 @@ Command register_info(CLI::App& root) {
   add_model_options(*app, o->model, /*model_required=*/true);
   app->add_option(
       "--template", o->engine.chat_template,
-      "chat template: llama-2, llama-3, mistral, chatml, plain (default: from the model)");
+      "chat template: llama-2, llama-3, mistral, chatml, plain, or jinja (the model's own "
+      "template) (default: from the model)");
   app->add_flag("--json", o->json, "print one JSON object");
   return {app, [o]() {
             const auto engine = open_engine(o->model, o->engine);
@@ -74,7 +75,8 @@ Command register_info(CLI::App& root) {
                                      static_cast<int64_t>(c10::elementSize(m.kv_dtype()))},
                                 {"tokenizer", engine->tokenizer().kind()},
                                 {"tokenizer_vocab", engine->tokenizer().vocab_size()},
-                                {"chat_template", engine->chat_template().family}};
+                                {"chat_template", engine->chat_template().family},
+                                {"chat_template_origin", engine->chat_template_origin()}};
             j.update(dtype_json(m));
             if (o->json) {
               std::cout << j.dump() << "\n";
@@ -92,7 +94,7 @@ Command register_info(CLI::App& root) {
                 "weight bytes   {:.1f} MB resident ({:.2f}x the checkpoint's files)\n"
                 "device         {}, attention {}\n"
                 "tokenizer      {}, {} tokens\n"
-                "chat template  {}\n",
+                "chat template  {}, from {}\n",
                 o->model.model_dir, c.architecture, c.model_type, c.num_hidden_layers,
                 c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
                 c.intermediate_size, c.vocab_size, c.max_position_embeddings,
@@ -105,7 +107,8 @@ Command register_info(CLI::App& root) {
                 j["kv_bytes_per_token"].get<int64_t>(), m.weight_bytes() / 1e6,
                 file_bytes > 0 ? static_cast<double>(m.weight_bytes()) / file_bytes : 0.0,
                 m.device().str(), m.attention_name(), engine->tokenizer().kind(),
-                engine->tokenizer().vocab_size(), engine->chat_template().family);
+                engine->tokenizer().vocab_size(), engine->chat_template().family,
+                engine->chat_template_origin());
             return 0;
           }};
 }

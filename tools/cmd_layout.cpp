@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "cli_common.hpp"
+#include "promptcache/jinja/derive.hpp"
 #include "promptcache/model/config.hpp"
 #include "promptcache/model/gguf_config.hpp"
 #include "promptcache/pml/layout.hpp"
@@ -72,14 +73,20 @@ Command register_layout(CLI::App& root) {
   app->add_option("--model,-m", o->model.model_dir, "model folder (its tokenizer and context)");
   app->add_option(
       "--template", o->chat_template,
-      "chat template: llama-2, llama-3, mistral, chatml, plain (default: from the model)");
+      "chat template: llama-2, llama-3, mistral, chatml, plain, or jinja (the model's own "
+      "template) (default: from the model)");
   app->add_flag("--ids", o->ids, "show token ids");
   return {app, [o]() {
             require_model(o->model);
             const auto config = gguf::load_model_config(o->model.model_dir);
             const auto tok = load_tokenizer(o->model.model_dir);
-            const auto tmpl = pml::chat_template(pml::choose_chat_template(
-                o->chat_template, config.chat_template, *tok, config.default_chat_template()));
+            const auto chosen = jinja::model_chat_template(o->model.model_dir, o->chat_template,
+                                                           config.chat_template, *tok,
+                                                           config.default_chat_template());
+            const pml::ChatTemplate& tmpl = chosen.chat;
+            // The hand-written families are named in the first line already; a model's own
+            // template is named by its source.
+            if (tmpl.family == "jinja") std::cout << "chat template: " << chosen.origin << "\n";
             const auto schema = read_schema_file(o->schema, o->allow_src_outside);
             print_warnings(schema.warnings);
             // Over-long schemas are shown, with warnings; only one far past any use (64 times

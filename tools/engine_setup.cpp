@@ -40,7 +40,9 @@ void add_engine_flags(CLI::App& app, EngineFlags& flags) {
       ->capture_default_str();
   app.add_option(
       "--template", flags.chat_template,
-      "chat template: llama-2, llama-3, mistral, chatml, plain (default: from the model)");
+      "chat template: llama-2, llama-3, mistral, chatml, plain, or jinja (the model's own "
+      "template) (default: from the model's config.json, else its Jinja template when it "
+      "splits into role texts, else its tokenizer)");
 }
 
 LoadOptions load_options(const ModelOptions& model) {

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
       "  promptcache cache ls --cache-dir /tmp/states\n"
       "  promptcache serve --model /tmp/tiny --schema schemas/trip.xml --port 8080\n"
       "  promptcache eval --model DIR --schema S.xml --data D.jsonl --out results.jsonl\n"
+      "  promptcache template --model DIR --messages chat.json --add-generation-prompt\n"
       "  promptcache convert --model /tmp/tiny --out /tmp/tiny.gguf --type q8_0\n"};
   app.require_subcommand(1);
 #ifdef PROMPTCACHE_DEMO_ONLY
@@ -31,7 +32,7 @@ int main(int argc, char** argv) {
   // calling one says how to build it instead of "not a command".
   std::vector<cli::Command> commands = {cli::register_demo(app)};
   for (const char* name : {"layout", "run", "qa", "generate", "make-model", "tokenize", "compile",
-                           "cache", "fidelity", "serve", "eval", "info", "convert"}) {
+                           "cache", "fidelity", "serve", "eval", "info", "template", "convert"}) {
     commands.push_back(cli::register_absent(app, name));
   }
 #else
@@ -40,7 +41,7 @@ int main(int argc, char** argv) {
       cli::register_qa(app),       cli::register_generate(app), cli::register_make_model(app),
       cli::register_tokenize(app), cli::register_compile(app),  cli::register_cache(app),
       cli::register_fidelity(app), cli::register_serve(app),    cli::register_eval(app),
-      cli::register_info(app),     cli::register_convert(app)};
+      cli::register_info(app),     cli::register_template(app), cli::register_convert(app)};
 #endif
   try {
     app.parse(argc, argv);

@@ -37,6 +37,7 @@
 #include "promptcache/cache/span_store.hpp"
 #include "promptcache/cache/store.hpp"
 #include "promptcache/generation.hpp"
+#include "promptcache/jinja/chat_source.hpp"
 #include "promptcache/logprobs.hpp"
 #include "promptcache/model/llama.hpp"
 #include "promptcache/model/tokenizer.hpp"
@@ -50,7 +51,14 @@ namespace promptcache {
 struct EngineOptions {
   LoadOptions load;
   EncodingMode encoding = EncodingMode::kScaffold;
-  std::string chat_template;  // empty: the model config's family
+  // A family (llama-2, llama-3, mistral, chatml, plain) or "jinja"; empty: the model config's
+  // family, else the model's Jinja chat template when it splits into role texts, else the family
+  // the tokenizer suggests (jinja::model_chat_template).
+  std::string chat_template;
+  // Where the model's Jinja chat template is looked for (Engine::open: the model folder; empty:
+  // nowhere), or the template itself (a GGUF file's tokenizer.chat_template).
+  std::string chat_template_folder;
+  std::optional<jinja::ChatTemplateSource> jinja_template;
   int64_t compile_chunk_tokens = 512;
   // Byte budgets of the span tiers (promptcache/cache/span_store.hpp; 0: no limit). With one,
   // a schema's states are not held by the schema: requests take theirs from the tiers.
@@ -295,6 +303,8 @@ class Engine {
   // Every loaded schema's states (requests read their schema's own, see SchemaEntry).
   const CacheStore& store() const { return store_; }
   const pml::ChatTemplate& chat_template() const { return template_; }
+  // Where chat_template() came from (a Jinja template's file, or a family and why).
+  const std::string& chat_template_origin() const { return template_origin_; }
   const EngineOptions& options() const { return options_; }
   // Hits, misses, evictions, bytes per tier of the stored spans (span_store.hpp).
   TierStats tier_stats() const { return spans_->stats(); }
@@ -357,6 +367,7 @@ class Engine {
   std::unique_ptr<Tokenizer> tokenizer_;
   EngineOptions options_;
   pml::ChatTemplate template_;
+  std::string template_origin_;
   std::unique_ptr<SpanStore> spans_;         // before schemas_: outlives every entry's SchemaSpans
   std::mutex add_mutex_;                     // one add_schema at a time
   mutable std::shared_mutex schemas_mutex_;  // guards schemas_ and store_

@@ -10,6 +10,7 @@
 #include "decode_room.hpp"
 #include "promptcache/batch_session.hpp"
 #include "promptcache/error.hpp"
+#include "promptcache/jinja/derive.hpp"
 
 namespace promptcache {
 namespace {
@@ -59,8 +60,11 @@ Engine::Engine(std::unique_ptr<LlamaModel> model, std::unique_ptr<Tokenizer> tok
   // Evicted blocks leave the idle KV buffers too (give_back handles the busy ones).
   spans_->set_eviction_listener([this](uint64_t id) { release_evicted(id); });
   const ModelConfig& config = model_->config();
-  template_ = pml::chat_template(pml::choose_chat_template(
-      options_.chat_template, config.chat_template, *tokenizer_, config.default_chat_template()));
+  auto chosen = jinja::model_chat_template(options_.chat_template_folder, options_.chat_template,
+                                           config.chat_template, *tokenizer_,
+                                           config.default_chat_template(), options_.jinja_template);
+  template_ = std::move(chosen.chat);
+  template_origin_ = std::move(chosen.origin);
   if (tokenizer_->vocab_size() > static_cast<std::size_t>(model_->config().vocab_size)) {
     throw Error(ErrorKind::kModel, "the tokenizer has " + std::to_string(tokenizer_->vocab_size()) +
                                        " pieces but the model only " +
@@ -72,6 +76,7 @@ std::unique_ptr<Engine> Engine::open(const std::string& model_dir, EngineOptions
   auto model = LlamaModel::load(model_dir, options.load);
   // tokenizer.json (byte-level BPE) when the folder has one, else tokenizer.model.
   auto tokenizer = load_tokenizer(model_dir);
+  if (options.chat_template_folder.empty()) options.chat_template_folder = model_dir;
   try {
     return std::make_unique<Engine>(std::move(model), std::move(tokenizer), std::move(options));
   } catch (const Error& e) {

@@ -10,6 +10,7 @@
 #include <map>
 
 #include "promptcache/error.hpp"
+#include "promptcache/jinja/chat_source.hpp"
 #include "promptcache/model/ggml_quant.hpp"
 #include "promptcache/model/gguf.hpp"
 #include "promptcache/model/gguf_model.hpp"
@@ -187,6 +188,9 @@ ConvertReport convert_folder(const std::string& dir, const std::string& out, Fil
       vocab.token_types.push_back(5);  // unused
     }
   }
+  // The folder's chat template wherever it keeps it (chat_template.jinja first, then
+  // tokenizer_config.json's string or the "default" of its named templates), as HF reads it.
+  if (auto source = jinja::find_chat_template(dir)) vocab.chat_template = std::move(source->text);
   put_vocab(writer, vocab);
 
   const auto checkpoint = SafetensorsCheckpoint::open_folder(dir);

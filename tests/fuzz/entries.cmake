@@ -24,7 +24,10 @@ if(NOT TARGET promptcache_fuzz_pml)
   # An eval dataset's lines (eval_row): promptcache_eval_rows, LibTorch-free too.
   add_library(promptcache_fuzz_eval STATIC ${PROMPTCACHE_FUZZ_SOURCE_DIR}/entries_eval.cpp)
   target_link_libraries(promptcache_fuzz_eval PUBLIC promptcache_eval_rows)
-  foreach(kind pml tokenizer model request config states eval)
+  # Chat templates (chat_template): promptcache_jinja, LibTorch-free.
+  add_library(promptcache_fuzz_jinja STATIC ${PROMPTCACHE_FUZZ_SOURCE_DIR}/entries_jinja.cpp)
+  target_link_libraries(promptcache_fuzz_jinja PUBLIC promptcache_jinja)
+  foreach(kind pml tokenizer model request config states eval jinja)
     # Entries include "fuzz/fuzz_entries.hpp" and the PML tests' "pml/fake_tokenizer.hpp".
     target_include_directories(promptcache_fuzz_${kind} PUBLIC ${PROJECT_SOURCE_DIR}/tests)
     target_compile_options(promptcache_fuzz_${kind} PRIVATE -Wall -Wextra)
@@ -34,5 +37,6 @@ set(PROMPTCACHE_FUZZ_TARGETS schema prompt tokenizer_json sentencepiece safetens
     redis_value)
 # The server's edge and config.json (LibTorch-free, like the PML and tokenizer targets).
 list(APPEND PROMPTCACHE_FUZZ_TARGETS http_request openai_json posted_pml config_json eval_row)
+list(APPEND PROMPTCACHE_FUZZ_TARGETS chat_template)
 # GGUF model files (gguf): LibTorch-free too, in the config entries' library.
 list(APPEND PROMPTCACHE_FUZZ_TARGETS gguf)

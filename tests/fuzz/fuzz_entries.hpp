@@ -9,7 +9,7 @@
 //
 // The entries live in libraries by what they link, so that a target pulls in no more than
 // it exercises: entries_pml.cpp (header-only PML, no LibTorch), entries_tokenizer.cpp
-// (promptcache_core), entries_request.cpp (the server's request unit, promptcache_request:
+// (promptcache_core), entries_jinja.cpp (chat templates, promptcache_jinja), entries_request.cpp (the server's request unit, promptcache_request:
 // no LibTorch), entries_eval.cpp (an eval dataset's rows, promptcache_eval_rows: no LibTorch),
 // entries_config.cpp (promptcache_core) and entries_model.cpp (LibTorch). None links
 // libsentencepiece: the library reads tokenizer.model itself
@@ -63,6 +63,10 @@ void config_json_entry(const std::uint8_t* data, std::size_t size);
 // a `promptcache eval` dataset -> eval::LineReader -> eval::parse_row for each; ids, resume
 // keys, choices, answers and sampling fields within what the evaluation relies on.
 void eval_row_entry(const std::uint8_t* data, std::size_t size);
+// "chat_template": a Jinja chat template -> jinja::Template::parse -> render on a fixed
+// conversation with tools, under small limits (entries_jinja.cpp, promptcache_jinja: no
+// LibTorch); the render stays within max_output_bytes.
+void chat_template_entry(const std::uint8_t* data, std::size_t size);
 // "tokenizer_json": tokenizer.json bytes, optionally followed by NUL-separated parts: a text to
 // encode, tokenizer_config.json, generation_config.json -> load_bpe_tokenizer -> encode (the
 // text and fixed strings) and decode.

@@ -49,6 +49,7 @@ const Target kTargets[] = {
     {"posted_pml", promptcache::fuzz::posted_pml_entry},
     {"config_json", promptcache::fuzz::config_json_entry},
     {"eval_row", promptcache::fuzz::eval_row_entry},
+    {"chat_template", promptcache::fuzz::chat_template_entry},
     {"tokenizer_json", promptcache::fuzz::tokenizer_json_entry},
     {"sentencepiece", promptcache::fuzz::sentencepiece_entry},
     {"safetensors", promptcache::fuzz::safetensors_entry},

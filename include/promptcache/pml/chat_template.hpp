@@ -39,18 +39,23 @@ struct ChatTemplate {
   // Appended after a prompt whose last turn is a <user> turn, so the model answers (like
   // HuggingFace's add_generation_prompt).
   std::string generation_prompt;
+  // Put before the first chat tag (in document order) when that tag is not a <system>: the
+  // system turn a template writes when the conversation has none (Qwen2.5's "You are Qwen...").
+  std::string default_system;
   // Substrings of the texts above that are single vocabulary pieces, longest match first.
   std::vector<std::string> special_pieces;
 
   const RoleTemplate& role(ChatRole r) const {
     return r == ChatRole::kSystem ? system : r == ChatRole::kUser ? user : assistant;
   }
-  // The opening text of role r, given the role of the chat tag before it (if any).
-  const std::string& open_text(ChatRole r, const ChatRole* previous) const {
+  // The opening text of role r, given the role of the chat tag before it (none: r is the first;
+  // a first tag other than <system> opens with default_system).
+  std::string open_text(ChatRole r, const ChatRole* previous) const {
     if (r == ChatRole::kUser && use_user_open_after_system && previous != nullptr &&
         *previous == ChatRole::kSystem) {
       return user_open_after_system;
     }
+    if (previous == nullptr && r != ChatRole::kSystem) return default_system + role(r).open;
     return role(r).open;
   }
 

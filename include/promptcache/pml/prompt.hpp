@@ -238,6 +238,9 @@ struct ResolvedPrompt {
   std::vector<PlacedArgument> arguments;                 // one per selected slot, document order
   std::vector<TokenId> text_tokens;  // the prompt's own text and turns (always fresh)
   std::size_t text_begin = 0;        // position of text_tokens[0]; the rest follow contiguously
+  // The text text_tokens were made from: the prompt's text, its turns' contents and their chat
+  // template texts, and the generation prompt (a cached part's text is its spans' Span::text).
+  std::string text;
   // The no-cache baseline: selected spans in document order with arguments in their slots, then
   // text_tokens — run at positions 0..n-1 as one ordinary prefill.
   std::vector<TokenId> baseline;
@@ -437,16 +440,20 @@ class Resolver {
       check_text_room(turn.text, turn.where);
       if (!turn.role) {
         append(encode_span(tok_, turn.text));
+        out_.text += turn.text;
         continue;
       }
       const ChatRole prev = previous.value_or(ChatRole::kUser);
-      append(tmpl.encode(tok_, tmpl.open_text(*turn.role, previous ? &prev : nullptr)));
+      const std::string open = tmpl.open_text(*turn.role, previous ? &prev : nullptr);
+      append(tmpl.encode(tok_, open));
       append(encode_span(tok_, turn.text));
       append(tmpl.encode(tok_, tmpl.role(*turn.role).close));
+      out_.text += open + turn.text + tmpl.role(*turn.role).close;
       previous = turn.role;
     }
     if (!prompt.turns.empty() && prompt.turns.back().role == ChatRole::kUser) {
       append(tmpl.encode(tok_, tmpl.generation_prompt));
+      out_.text += tmpl.generation_prompt;
     }
     // Whether the tokens fit is the engine's to check (it knows a batch's rows).
   }
