@@ -33,11 +33,11 @@ banner() { printf '\n======== %s ========\n' "$*"; }
 case "$mode" in
   asan)
     build=${BUILD_DIR:-build-asan}
-    targets=(pml_tests bpe_tests cache_tests contract_tests bad_input_tests model_tests
-      fidelity_tests server_tests)
+    targets=(pml_tests bpe_tests jinja_tests cache_tests contract_tests bad_input_tests
+      model_tests fidelity_tests server_tests)
     # Suite prefixes of the CTest names ("cache_tests:..."); the stories260K tests read the real
     # model and are slow under ASan.
-    include='^(pml_tests|bpe_tests|cache_tests|contract_tests|bad_input_tests|model_tests|fidelity_tests|server_tests):'
+    include='^(pml_tests|bpe_tests|jinja_tests|cache_tests|contract_tests|bad_input_tests|model_tests|fidelity_tests|server_tests):'
     exclude='stories260k|stories260K'
     flags=(-DPROMPTCACHE_SANITIZE=ON)
     # LibTorch's and OpenBLAS's allocations live until exit; a leak report at exit is theirs.

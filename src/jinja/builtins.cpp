@@ -825,6 +825,7 @@ void add_globals(Frame& frame) {
       for (const auto& [k, x] : v.as_dict().items()) d->set(k, x);
     }
     for (const auto& [k, v] : a.keyword) d->set(Value(k), v);
+    in.track_namespace(d);
     return Value::namespace_(d);
   });
   frame.vars["dict"] = method("dict", [](Interpreter& in, CallArgs& a) {

@@ -88,6 +88,17 @@ std::string Interpreter::render(const Node& root,
   top.parent = &globals;
   for (const auto& [name, value] : variables) top.vars[name] = value;
   root_ = &top;
+  // Nothing of a render outlives it but its text: emptying its namespaces on every way out frees
+  // any cycle they formed (a namespace that holds itself, directly or through a list or macro).
+  struct BreakCycles {
+    std::vector<std::weak_ptr<Dict>>& namespaces;
+    ~BreakCycles() {
+      for (const auto& weak : namespaces) {
+        if (const auto ns = weak.lock()) ns->clear();
+      }
+      namespaces.clear();
+    }
+  } break_cycles{namespaces_};
   try {
     exec(root.body, top);
   } catch (const RaisedError&) {

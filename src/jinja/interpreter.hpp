@@ -37,6 +37,8 @@ class Interpreter {
   // Counts work (loop iterations, items built) against Limits::max_steps.
   void step(std::uint64_t n = 1);
   Value call(const Value& callee, CallArgs& args);
+  // namespace() objects made during this render, emptied when it ends (see Dict::clear).
+  void track_namespace(const std::shared_ptr<Dict>& ns) { namespaces_.push_back(ns); }
   Value apply_filter(const std::string& name, const Value& input, CallArgs& args);
   bool apply_test(const std::string& name, const Value& input, CallArgs& args);
   const Limits& limits() const { return limits_; }
@@ -63,6 +65,7 @@ class Interpreter {
   std::uint64_t steps_ = 0;
   int call_depth_ = 0;
   Frame* root_ = nullptr;
+  std::vector<std::weak_ptr<Dict>> namespaces_;
 };
 
 // builtins.cpp

@@ -145,6 +145,13 @@ class Dict {
   void set(const Value& key, Value value);
   std::size_t size() const { return items_.size(); }
   int depth() const { return depth_; }
+  // Empties the dict: how a render breaks the reference cycles a namespace can form
+  // ({% set ns.self = [ns] %}), which shared ownership alone would never free.
+  void clear() {
+    items_.clear();
+    index_.clear();
+    depth_ = 1;
+  }
   const std::vector<std::pair<Value, Value>>& items() const { return items_; }
 
  private:
