@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "ast.hpp"
+#include "core/unicode_text.hpp"
 
 namespace promptcache::jinja {
 
@@ -371,7 +372,7 @@ class Lexer {
           i += n;
           if (cp > 0x10FFFF)
             template_error(origin_, line, column, "illegal Unicode character in escape");
-          append_utf8(value, cp);
+          unicode::append_utf8(value, static_cast<char32_t>(cp));
           break;
         }
         default:
@@ -381,24 +382,6 @@ class Lexer {
     }
     tokens_.push_back({Token::Kind::kString, std::move(value), 0, 0, line, column});
     advance_to(i + 1);
-  }
-
-  static void append_utf8(std::string& out, unsigned long cp) {
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xC0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xE0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
   }
 
   std::string src_;

@@ -9,11 +9,11 @@
 //
 // The entries live in libraries by what they link, so that a target pulls in no more than
 // it exercises: entries_pml.cpp (header-only PML, no LibTorch), entries_tokenizer.cpp
-// (promptcache_core), entries_jinja.cpp (chat templates, promptcache_jinja), entries_request.cpp (the server's request unit, promptcache_request:
-// no LibTorch), entries_eval.cpp (an eval dataset's rows, promptcache_eval_rows: no LibTorch),
-// entries_config.cpp (promptcache_core) and entries_model.cpp (LibTorch). None links
-// libsentencepiece: the library reads tokenizer.model itself
-// (src/core/sentencepiece_tokenizer.cpp).
+// (promptcache_core), entries_jinja.cpp (chat templates, promptcache_jinja), entries_request.cpp
+// (the server's request unit, promptcache_request: no LibTorch), entries_eval.cpp (an eval
+// dataset's rows, promptcache_eval_rows: no LibTorch), entries_config.cpp (promptcache_core) and
+// entries_model.cpp (LibTorch). None links libsentencepiece: the library reads tokenizer.model
+// itself (src/core/sentencepiece_tokenizer.cpp).
 #pragma once
 
 #include <cstddef>

@@ -81,6 +81,10 @@ TEST_CASE("jinja tojson writes like json.dumps(ensure_ascii=False)", "[jinja]") 
         "[\n  true,\n  null,\n  1.5,\n  \"é\\n\\\"q\\\"\"\n]");
 }
 
+TEST_CASE("jinja string escapes \\x, \\u and \\U write UTF-8", "[jinja]") {
+  CHECK(render(R"({{ '\x41\u00e9\u20ac\U0001F600' }})") == "A\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80");
+}
+
 TEST_CASE("jinja raise_exception carries the template's own message and line", "[jinja]") {
   try {
     render("line one\n{% if true %}\n{{ raise_exception('Roles must alternate') }}\n{% endif %}");
