@@ -81,7 +81,7 @@ TEST_CASE("jinja tojson writes like json.dumps(ensure_ascii=False)", "[jinja]") 
         "[\n  true,\n  null,\n  1.5,\n  \"é\\n\\\"q\\\"\"\n]");
 }
 
-TEST_CASE("jinja string escapes \\x, \\u and \\U write UTF-8", "[jinja]") {
+TEST_CASE("jinja string escapes of hex and Unicode code points write UTF-8", "[jinja]") {
   CHECK(render(R"({{ '\x41\u00e9\u20ac\U0001F600' }})") == "A\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80");
 }
 
