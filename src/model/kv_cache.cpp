@@ -5,6 +5,7 @@
 
 #include "promptcache/error.hpp"
 #include "promptcache/model/threads.hpp"
+#include "promptcache/model/work_pool.hpp"
 
 namespace promptcache {
 namespace {
@@ -30,8 +31,9 @@ void copy_block(const torch::Tensor& dst, const torch::Tensor& src) {
   // (a block per layer and K/V; small spans stay on the calling thread).
   const int64_t bytes = blocks * dst.size(2) * dst.size(3) * run;
   const int threads = bytes >= (int64_t{1} << 20) ? kernel_threads() : 1;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-  for (int64_t block = 0; block < blocks; ++block) {
+  // On the kernel work pool, not an OpenMP team: a team's barrier waits for a thread another
+  // process holds, and its threads spin after the copy (include/promptcache/model/work_pool.hpp).
+  parallel_chunks(blocks, threads, [&](int64_t block) {
     const int64_t l = block / 2, kv = block % 2;
     for (int64_t b = 0; b < dst.size(2); ++b) {
       for (int64_t h = 0; h < dst.size(3); ++h) {
@@ -41,7 +43,7 @@ void copy_block(const torch::Tensor& dst, const torch::Tensor& src) {
         std::memcpy(out + to * item, in + from * item, static_cast<std::size_t>(run));
       }
     }
-  }
+  });
 }
 
 }  // namespace

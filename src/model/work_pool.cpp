@@ -4,10 +4,17 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include <dirent.h>
+
+#include "promptcache/model/threads.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -18,6 +25,74 @@
 
 namespace promptcache {
 namespace {
+
+std::atomic<int>& policy_setting() {
+  static std::atomic<int> policy{[] {
+    const char* env = std::getenv("PROMPTCACHE_WAIT_POLICY");
+    WaitPolicy p = WaitPolicy::kAuto;
+    if (env != nullptr && !parse_wait_policy(env, p)) p = WaitPolicy::kAuto;
+    return static_cast<int>(p);
+  }()};
+  return policy;
+}
+
+// This process's threads that are running or runnable now (state R in /proc/self/task/*/stat);
+// -1 when /proc cannot be read.
+int own_running_threads() {
+  DIR* dir = opendir("/proc/self/task");
+  if (dir == nullptr) return -1;
+  int running = 0;
+  while (const dirent* e = readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream stat(std::string("/proc/self/task/") + e->d_name + "/stat");
+    std::string text;
+    if (!std::getline(stat, text)) continue;
+    // "tid (comm) S ...": the command may hold spaces and parentheses, the state follows the
+    // last ')'.
+    const auto close = text.rfind(')');
+    if (close != std::string::npos && close + 2 < text.size() && text[close + 2] == 'R') ++running;
+  }
+  closedir(dir);
+  return running;
+}
+
+// Whether the pool waits passively now. Under kAuto, sampled at most every 50 ms by a caller
+// of parallel_chunks: reading /proc costs tens of microseconds, a decode step's ~100 calls come
+// within a few milliseconds.
+class ContentionProbe {
+ public:
+  bool passive() {
+    const auto policy = static_cast<WaitPolicy>(policy_setting().load(std::memory_order_relaxed));
+    if (policy != WaitPolicy::kAuto) return policy == WaitPolicy::kPassive;
+    const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::steady_clock::now().time_since_epoch())
+                            .count();
+    int64_t last = sampled_ms_.load(std::memory_order_relaxed);
+    if (now - last >= 50 && sampled_ms_.compare_exchange_strong(last, now)) {
+      passive_.store(sample(), std::memory_order_relaxed);
+    }
+    return passive_.load(std::memory_order_relaxed);
+  }
+
+ private:
+  static bool sample() {
+    std::ifstream loadavg("/proc/loadavg");
+    std::string text;
+    if (!std::getline(loadavg, text)) return false;
+    const int all = running_in_loadavg(text);
+    const int own = own_running_threads();
+    if (all < 0 || own < 0) return false;
+    return fewer_free_cores_than(kernel_threads(), hardware_cores(), all - own);
+  }
+
+  std::atomic<int64_t> sampled_ms_{-1000};
+  std::atomic<bool> passive_{false};
+};
+
+ContentionProbe& probe() {
+  static ContentionProbe instance;
+  return instance;
+}
 
 // One call of parallel_chunks. Shared: a helper that wakes late may still hold it (and find no
 // chunk left) after the caller has returned.
@@ -57,6 +132,8 @@ class WorkPool {
       return;
     }
     const int helpers = static_cast<int>(std::min<int64_t>(threads, chunks)) - 1;
+    const bool passive = probe().passive();
+    passive_.store(passive, std::memory_order_relaxed);
     auto job = std::make_shared<Job>();
     job->fn = &fn;
     job->chunks = chunks;
@@ -73,9 +150,11 @@ class WorkPool {
     }
     if (notify) wake_.notify_all();
     job->work();
-    // Only chunks a helper has taken and not finished are waited for.
+    // Only chunks a helper has taken and not finished are waited for. Passively, the caller
+    // yields at once: the helper it waits for may need this very core.
+    const int spin_limit = passive ? 0 : 4096;
     for (int spins = 0; job->done.load(std::memory_order_acquire) < chunks; ++spins) {
-      if (spins < 4096) {
+      if (spins < spin_limit) {
         PROMPTCACHE_PAUSE();
       } else {
         std::this_thread::yield();
@@ -86,7 +165,10 @@ class WorkPool {
 
  private:
   // Between calls a helper spins this long before it sleeps: a decode step's next kernel call
-  // comes within tens of microseconds, a wake-up from sleep costs about as much again.
+  // comes within tens of microseconds, a wake-up from sleep costs about as much again. When the
+  // machine has fewer free cores than kernel threads (or PROMPTCACHE_WAIT_POLICY=passive) it
+  // sleeps at once: its spinning would take the core from the thread doing the work, ours or
+  // another process's.
   static constexpr auto kSpin = std::chrono::microseconds(300);
 
   void helper_loop() {
@@ -94,7 +176,8 @@ class WorkPool {
     for (;;) {
       const auto until = std::chrono::steady_clock::now() + kSpin;
       int spins = 0;
-      while (generation_.load(std::memory_order_acquire) == seen) {
+      while (!passive_.load(std::memory_order_relaxed) &&
+             generation_.load(std::memory_order_acquire) == seen) {
         PROMPTCACHE_PAUSE();
         if (++spins % 64 == 0 && std::chrono::steady_clock::now() > until) break;
       }
@@ -121,6 +204,7 @@ class WorkPool {
   std::shared_ptr<Job> job_;
   std::atomic<uint64_t> generation_{0};
   std::atomic<bool> busy_{false};
+  std::atomic<bool> passive_{false};  // the last call's wait policy, for the helpers
   int sleepers_ = 0;
   bool stop_ = false;
 };
@@ -134,6 +218,54 @@ WorkPool& pool() {
 
 void parallel_chunks(int64_t chunks, int threads, const std::function<void(int64_t)>& fn) {
   pool().run(chunks, threads, fn);
+}
+
+bool parse_wait_policy(const std::string& text, WaitPolicy& out) {
+  if (text == "auto") {
+    out = WaitPolicy::kAuto;
+  } else if (text == "active") {
+    out = WaitPolicy::kActive;
+  } else if (text == "passive") {
+    out = WaitPolicy::kPassive;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+void set_wait_policy(WaitPolicy policy) {
+  policy_setting().store(static_cast<int>(policy));
+}
+
+WaitPolicy wait_policy() {
+  return static_cast<WaitPolicy>(policy_setting().load());
+}
+
+bool waiting_passively() {
+  return probe().passive();
+}
+
+int running_in_loadavg(const std::string& text) {
+  // "0.20 0.18 0.12 3/80 11206": the fourth field is runnable/all scheduling entities.
+  std::size_t field = 0, at = 0;
+  while (field < 3) {
+    at = text.find(' ', at);
+    if (at == std::string::npos) return -1;
+    while (at < text.size() && text[at] == ' ') ++at;
+    ++field;
+  }
+  const std::size_t slash = text.find('/', at);
+  if (slash == std::string::npos || slash == at || slash - at > 9) return -1;
+  int running = 0;
+  for (std::size_t i = at; i < slash; ++i) {
+    if (text[i] < '0' || text[i] > '9') return -1;
+    running = running * 10 + (text[i] - '0');
+  }
+  return running;
+}
+
+bool fewer_free_cores_than(int threads, int cores, int others_running) {
+  return threads > cores - std::max(0, others_running);
 }
 
 }  // namespace promptcache

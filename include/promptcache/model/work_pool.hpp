@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 
 namespace promptcache {
 
@@ -23,5 +24,22 @@ namespace promptcache {
 // them) and returns when all have returned. fn must not throw. Calls made while another call is
 // in flight (from another thread, or from inside fn) run on the calling thread alone.
 void parallel_chunks(int64_t chunks, int threads, const std::function<void(int64_t)>& fn);
+
+// How the pool's threads wait between and within calls. kActive: helpers spin 300 us between
+// calls and the caller spins before it yields (fastest on an idle machine). kPassive: helpers
+// sleep at once and the caller yields. kAuto (the default): passive while the machine has fewer
+// free cores than kernel_threads() (other processes' runnable threads, read from /proc at most
+// every 50 ms), active otherwise. PROMPTCACHE_WAIT_POLICY=auto|active|passive sets it at start.
+enum class WaitPolicy { kAuto, kActive, kPassive };
+bool parse_wait_policy(const std::string& text, WaitPolicy& out);  // false for other text
+void set_wait_policy(WaitPolicy policy);
+WaitPolicy wait_policy();
+// Whether the pool waits passively now (kAuto: as last sampled).
+bool waiting_passively();
+
+// The pieces of kAuto's decision, for tests: the runnable count in /proc/loadavg's text (-1 when
+// it is not there), and whether `threads` threads exceed the cores other processes leave free.
+int running_in_loadavg(const std::string& text);
+bool fewer_free_cores_than(int threads, int cores, int others_running);
 
 }  // namespace promptcache
