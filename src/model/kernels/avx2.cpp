@@ -89,26 +89,9 @@ struct Vec {
 // After linear_kernel.inl: the attention computes a decode step's scores with linear_rows.
 #include "attention_kernel.inl"
 
-namespace promptcache::kernels {
-const LinearRowsFn linear_rows_avx2 = &linear_rows;
-const LinearRowsBf16Fn linear_rows_bf16_avx2 = &linear_rows_bf16;
-const LinearRowsF16Fn linear_rows_f16_avx2 = &linear_rows_f16;
-const WidenOf<Bf16> widen_bf16_avx2 = &widen_bf16;
-const WidenOf<F16> widen_f16_avx2 = &widen_f16;
-const LinearRowsQ8Fn linear_rows_q8_avx2 = &linear_rows_q8;
-const WidenQ8Fn widen_q8_avx2 = &widen_q8;
-const AttendRowsFn attend_rows_avx2 = &attend_rows;
-static_assert(Vec::kWidth == kAvx2Width);
-}  // namespace promptcache::kernels
-#else
-namespace promptcache::kernels {
-const LinearRowsFn linear_rows_avx2 = nullptr;
-const LinearRowsBf16Fn linear_rows_bf16_avx2 = nullptr;
-const LinearRowsF16Fn linear_rows_f16_avx2 = nullptr;
-const WidenOf<Bf16> widen_bf16_avx2 = nullptr;
-const WidenOf<F16> widen_f16_avx2 = nullptr;
-const LinearRowsQ8Fn linear_rows_q8_avx2 = nullptr;
-const WidenQ8Fn widen_q8_avx2 = nullptr;
-const AttendRowsFn attend_rows_avx2 = nullptr;
-}  // namespace promptcache::kernels
+#define PROMPTCACHE_ISA_BUILT
 #endif
+
+#define PROMPTCACHE_ISA avx2
+#define PROMPTCACHE_ISA_WIDTH kAvx2Width
+#include "isa_exports.inl"

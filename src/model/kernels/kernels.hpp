@@ -120,22 +120,22 @@ constexpr long long attend_scratch_floats(long long d, long long slots) {
 // use); call only where the CPU has them. Null on processors for which these kernels are not
 // built. The attention kernels take only a head size that is a multiple of the vector width
 // (kAvx512Width, kAvx2Width).
-extern const LinearRowsFn linear_rows_avx512;
-extern const LinearRowsFn linear_rows_avx2;
-extern const LinearRowsBf16Fn linear_rows_bf16_avx512;
-extern const LinearRowsBf16Fn linear_rows_bf16_avx2;
-extern const LinearRowsF16Fn linear_rows_f16_avx512;
-extern const LinearRowsF16Fn linear_rows_f16_avx2;
-extern const WidenOf<Bf16> widen_bf16_avx512;
-extern const WidenOf<Bf16> widen_bf16_avx2;
-extern const WidenOf<F16> widen_f16_avx512;
-extern const WidenOf<F16> widen_f16_avx2;
-extern const LinearRowsQ8Fn linear_rows_q8_avx512;
-extern const LinearRowsQ8Fn linear_rows_q8_avx2;
-extern const WidenQ8Fn widen_q8_avx512;
-extern const WidenQ8Fn widen_q8_avx2;
-extern const AttendRowsFn attend_rows_avx512;
-extern const AttendRowsFn attend_rows_avx2;
+// (type, name) of each kernel avx2.cpp and avx512.cpp export as name_avx2 / name_avx512:
+// declared here, defined by isa_exports.inl in both files, so the two sets stay one shape.
+#define PROMPTCACHE_ISA_KERNELS(X)      \
+  X(LinearRowsFn, linear_rows)          \
+  X(LinearRowsBf16Fn, linear_rows_bf16) \
+  X(LinearRowsF16Fn, linear_rows_f16)   \
+  X(WidenOf<Bf16>, widen_bf16)          \
+  X(WidenOf<F16>, widen_f16)            \
+  X(LinearRowsQ8Fn, linear_rows_q8)     \
+  X(WidenQ8Fn, widen_q8)                \
+  X(AttendRowsFn, attend_rows)
+#define PROMPTCACHE_DECLARE_ISA_KERNEL(type, name) \
+  extern const type name##_avx512;                 \
+  extern const type name##_avx2;
+PROMPTCACHE_ISA_KERNELS(PROMPTCACHE_DECLARE_ISA_KERNEL)
+#undef PROMPTCACHE_DECLARE_ISA_KERNEL
 constexpr long long kAvx512Width = 16, kAvx2Width = 8;
 
 // ---- bf16 weights times x rounded to bf16 (AVX-512 BF16, avx512_bf16.cpp) ----
