@@ -118,13 +118,26 @@ detail::SpecialIds guess_special_ids(const json& root, const JsonReader& in,
   ids.bos = first_of({"<|begin_of_text|>", "<s>", "<bos>"});
   ids.eos = first_of({"<|end_of_text|>", "</s>", "<eos>", "<|endoftext|>", "<|im_end|>"});
   ids.unk = unk;
-  // A TemplateProcessing post-processor says whether BOS goes first; without one a tokenizer
-  // with a BOS token adds it (Llama 2/3).
+  // A TemplateProcessing post-processor (alone or in a Sequence: Llama 3.1) says whether BOS
+  // goes first; a ByteLevel one adds nothing (BLOOM's <s>); without a post-processor a tokenizer
+  // with a BOS token adds it (Llama 2).
   bool adds = ids.bos >= 0;
   if (const json* post = in.find(root, "post_processor")) {
-    if (in.string_or(*post, "type", "post_processor.type", "") == "TemplateProcessing") {
+    std::vector<const json*> processors = {post};
+    if (in.string_or(*post, "type", "post_processor.type", "") == "Sequence") {
+      processors.clear();
+      if (const json* list = in.find(*post, "processors"); list && list->is_array()) {
+        for (const auto& p : *list) processors.push_back(&p);  // one level: HuggingFace's shape
+      }
+    }
+    bool template_found = false, byte_level = false;
+    for (const json* p : processors) {
+      const std::string type = in.string_or(*p, "type", "post_processor.type", "");
+      byte_level = byte_level || type == "ByteLevel";
+      if (type != "TemplateProcessing") continue;
+      template_found = true;
       adds = false;
-      if (const json* single = in.find(*post, "single"); single && single->is_array()) {
+      if (const json* single = in.find(*p, "single"); single && single->is_array()) {
         for (const auto& item : *single) {
           const json* st = in.find(item, "SpecialToken");
           const json* id = st ? in.find(*st, "id") : nullptr;
@@ -134,6 +147,9 @@ detail::SpecialIds guess_special_ids(const json& root, const JsonReader& in,
         }
       }
     }
+    // Llama 3's first tokenizer.json had only the ByteLevel post-processor, yet Meta's code
+    // always puts <|begin_of_text|> first; that BOS stays.
+    if (!template_found && byte_level && ids.bos != added.find("<|begin_of_text|>")) adds = false;
   }
   ids.adds_bos = adds;
   ids.end_of_turn.clear();

@@ -10,6 +10,24 @@
 namespace promptcache::bpe {
 namespace {
 
+// Sequences nest, and pre_tokenize runs one step inside the previous one, so both the nesting and
+// the number of steps are bounded: a hostile file cannot make either recursion deep.
+constexpr int kMaxNesting = 8;
+
+void check_depth(int depth, const std::string& field, const JsonReader& in) {
+  if (depth > kMaxNesting) {
+    in.fail(field, "Sequences nested more than " + std::to_string(kMaxNesting) + " deep");
+  }
+}
+
+[[noreturn]] void too_many_steps(const std::string& field, const JsonReader& in) {
+  in.fail(field, "more than " + std::to_string(kMaxSteps) + " steps in one section");
+}
+
+// transformers.js's PUNCTUATION_REGEX as one class: Unicode punctuation and ASCII's symbols.
+const char kPunctuationClass[] =
+    "[\\p{P}\\u0021-\\u002F\\u003A-\\u0040\\u005B-\\u0060\\u007B-\\u007E]";
+
 SplitBehavior behavior_of(const std::string& name, const std::string& field, const JsonReader& in) {
   if (name == "Removed") return SplitBehavior::kRemoved;
   if (name == "Isolated") return SplitBehavior::kIsolated;
@@ -51,14 +69,16 @@ PrependScheme prepend_scheme(const json& obj, const std::string& field, const Js
 }  // namespace
 
 void read_normalizer(const json& n, const std::string& field, const JsonReader& in,
-                     Pipeline& pipeline) {
+                     Pipeline& pipeline, int depth) {
+  check_depth(depth, field, in);
   const std::string type = in.string(in.require(n, "type", field + ".type"), field + ".type");
   Normalizer step{Normalizer::kUnicode};
   if (type == "Sequence") {
     const json& list =
         in.array(in.require(n, "normalizers", field + ".normalizers"), field + ".normalizers");
     for (std::size_t i = 0; i < list.size(); ++i) {
-      read_normalizer(list[i], field + ".normalizers[" + std::to_string(i) + "]", in, pipeline);
+      read_normalizer(list[i], field + ".normalizers[" + std::to_string(i) + "]", in, pipeline,
+                      depth + 1);
     }
     return;
   } else if (type == "NFC") {
@@ -86,18 +106,20 @@ void read_normalizer(const json& n, const std::string& field, const JsonReader& 
                                  "' is not supported (supported: NFC, NFD, NFKC, NFKD, "
                                  "Replace, Prepend, Strip, Sequence)");
   }
+  if (pipeline.normalizers.size() == kMaxSteps) too_many_steps(field, in);
   pipeline.normalizers.push_back(std::move(step));
 }
 
 void read_pre_tokenizer(const json& p, const std::string& field, const JsonReader& in,
-                        Pipeline& pipeline) {
+                        Pipeline& pipeline, int depth) {
+  check_depth(depth, field, in);
   const std::string type = in.string(in.require(p, "type", field + ".type"), field + ".type");
   if (type == "Sequence") {
     const json& list = in.array(in.require(p, "pretokenizers", field + ".pretokenizers"),
                                 field + ".pretokenizers");
     for (std::size_t i = 0; i < list.size(); ++i) {
-      read_pre_tokenizer(list[i], field + ".pretokenizers[" + std::to_string(i) + "]", in,
-                         pipeline);
+      read_pre_tokenizer(list[i], field + ".pretokenizers[" + std::to_string(i) + "]", in, pipeline,
+                         depth + 1);
     }
     return;
   }
@@ -118,6 +140,20 @@ void read_pre_tokenizer(const json& p, const std::string& field, const JsonReade
           in.file(), field);
     }
     if (step.add_prefix_space) pipeline.prefixes_space = true;
+  } else if (type == "Punctuation") {
+    // Each punctuation character is a match; behavior (HuggingFace's default Isolated) says how
+    // they are cut. transformers.js knows only runs ([^P]+|[P]+), which is Contiguous.
+    step.kind = PreTokenizer::kPunctuation;
+    step.regex = std::make_shared<JsRegex>(kPunctuationClass, in.file(), field);
+    step.behavior = behavior_of(in.string_or(p, "behavior", field + ".behavior", "Isolated"),
+                                field + ".behavior", in);
+  } else if (type == "Digits") {
+    // transformers.js: [^\d]+|\d+ (or \d alone with individual_digits); JS's \d is ASCII.
+    step.kind = PreTokenizer::kDigits;
+    step.regex = std::make_shared<JsRegex>("\\d", in.file(), field);
+    step.behavior = in.flag(p, "individual_digits", field + ".individual_digits", false)
+                        ? SplitBehavior::kIsolated
+                        : SplitBehavior::kContiguous;
   } else if (type == "Metaspace") {
     step.kind = PreTokenizer::kMetaspace;
     step.replacement = in.string_or(p, "replacement", field + ".replacement", "\xE2\x96\x81");
@@ -128,19 +164,22 @@ void read_pre_tokenizer(const json& p, const std::string& field, const JsonReade
   } else {
     in.fail(field + ".type", "pre-tokenizer '" + type +
                                  "' is not supported (supported: Split, ByteLevel, Metaspace, "
-                                 "Sequence)");
+                                 "Punctuation, Digits, Sequence)");
   }
+  if (pipeline.pre.size() == kMaxSteps) too_many_steps(field, in);
   pipeline.pre.push_back(std::move(step));
 }
 
-void read_decoder(const json& d, const std::string& field, const JsonReader& in,
-                  Pipeline& pipeline) {
+void read_decoder(const json& d, const std::string& field, const JsonReader& in, Pipeline& pipeline,
+                  int depth) {
+  check_depth(depth, field, in);
   const std::string type = in.string(in.require(d, "type", field + ".type"), field + ".type");
   if (type == "Sequence") {
     const json& list =
         in.array(in.require(d, "decoders", field + ".decoders"), field + ".decoders");
     for (std::size_t i = 0; i < list.size(); ++i) {
-      read_decoder(list[i], field + ".decoders[" + std::to_string(i) + "]", in, pipeline);
+      read_decoder(list[i], field + ".decoders[" + std::to_string(i) + "]", in, pipeline,
+                   depth + 1);
     }
     return;
   }
@@ -170,6 +209,7 @@ void read_decoder(const json& d, const std::string& field, const JsonReader& in,
                                  "' is not supported (supported: ByteLevel, Metaspace, "
                                  "ByteFallback, Fuse, Strip, Replace, Sequence)");
   }
+  if (pipeline.decoders.size() == kMaxSteps) too_many_steps(field, in);
   pipeline.decoders.push_back(std::move(step));
 }
 

@@ -100,10 +100,11 @@ struct Normalizer {
 };
 
 struct PreTokenizer {
-  enum Kind { kSplit, kByteLevel, kMetaspace } kind;
-  std::shared_ptr<JsRegex> regex;  // Split; ByteLevel with use_regex
-  std::string literal;             // Split on a String pattern
-  SplitBehavior behavior = SplitBehavior::kIsolated;
+  enum Kind { kSplit, kByteLevel, kMetaspace, kPunctuation, kDigits } kind;
+  // Split; ByteLevel with use_regex; Punctuation and Digits: one punctuation character or digit
+  std::shared_ptr<JsRegex> regex;
+  std::string literal;                                // Split on a String pattern
+  SplitBehavior behavior = SplitBehavior::kIsolated;  // Split, Punctuation, Digits
   bool invert = false;
   bool add_prefix_space = false;  // ByteLevel
   std::string replacement;        // Metaspace
@@ -127,14 +128,17 @@ struct Pipeline {
   bool prefixes_space = false;  // a step puts a space (or its replacement) before the text
 };
 
+// At most this many steps in each of the three sections (Sequences flattened).
+constexpr std::size_t kMaxSteps = 64;
+
 // bpe_json.cpp: each appends its steps (a Sequence flattened) to `pipeline`; `field` names the
-// section in errors ("pre_tokenizer.pretokenizers[1]").
+// section in errors ("pre_tokenizer.pretokenizers[1]"); depth: the Sequence nesting so far.
 void read_normalizer(const json& n, const std::string& field, const JsonReader& in,
-                     Pipeline& pipeline);
+                     Pipeline& pipeline, int depth = 0);
 void read_pre_tokenizer(const json& p, const std::string& field, const JsonReader& in,
-                        Pipeline& pipeline);
-void read_decoder(const json& d, const std::string& field, const JsonReader& in,
-                  Pipeline& pipeline);
+                        Pipeline& pipeline, int depth = 0);
+void read_decoder(const json& d, const std::string& field, const JsonReader& in, Pipeline& pipeline,
+                  int depth = 0);
 
 // --- bpe_pre_tokenize.cpp ------------------------------------------------------------------------
 

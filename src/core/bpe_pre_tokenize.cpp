@@ -4,11 +4,13 @@
 // A section is normalized (NFC and the other forms, Replace, Prepend, Strip) as one string, then
 // the pre-tokenizer steps cut it into pre-tokens, each step applied to every piece the previous
 // one produced (Split on a regex or a string with one of HuggingFace's five delimiter
-// behaviours, ByteLevel with GPT-2's split regex, Metaspace). The regexes run in JsRegex, which
-// gives them the semantics transformers.js gives them; nothing here uses std::regex.
+// behaviours, ByteLevel with GPT-2's split regex, Metaspace, Punctuation, Digits). The regexes run
+// in JsRegex, which gives them the semantics transformers.js gives them; nothing here uses
+// std::regex.
 #include <algorithm>
 
 #include "bpe_pipeline.hpp"
+#include "byte_level.hpp"
 
 namespace promptcache::bpe {
 
@@ -158,16 +160,30 @@ void pre_tokenize(const std::vector<PreTokenizer>& steps, std::size_t step, std:
         prefixed = " " + std::string(text);
         text = prefixed;
       }
+      // Steps after it (Falcon's Digits and Split) see the byte characters, as in HuggingFace
+      // and transformers.js; the merge loop then reads the pre-tokens as vocabulary strings.
+      // When it is last, pre-tokens stay raw bytes and the model maps them (same result).
+      const bool last = step + 1 == steps.size();
+      const Emit out = last ? next : [&](std::string_view sub, bool sub_at_start) {
+        next(byte_level::encode(sub), sub_at_start);
+      };
       if (!p.regex) {
-        next(text, at_start);
+        out(text, at_start);
         return;
       }
       p.regex->for_each_match(text, [&](std::size_t b, std::size_t e) {
         matches.push_back({b, e});
       });
-      split_with_behavior(text, at_start, matches, SplitBehavior::kIsolated, false, next);
+      split_with_behavior(text, at_start, matches, SplitBehavior::kIsolated, false, out);
       return;
     }
+    case PreTokenizer::kPunctuation:
+    case PreTokenizer::kDigits:
+      p.regex->for_each_match(piece, [&](std::size_t b, std::size_t e) {
+        matches.push_back({b, e});
+      });
+      split_with_behavior(piece, at_start, matches, p.behavior, false, next);
+      return;
     case PreTokenizer::kMetaspace: {
       std::string m = replace_all(piece, " ", p.replacement);
       const bool starts = m.compare(0, p.replacement.size(), p.replacement) == 0;

@@ -10,10 +10,12 @@
 //   2. added tokens are cut out of the raw text first, longest match at the leftmost position
 //      (bpe_added_tokens.cpp);
 //   3. each text section between them is normalized (NFC, Replace, Prepend, ...), pre-tokenized
-//      (Split regex, ByteLevel, Metaspace: bpe_pre_tokenize.cpp) and each pre-token BPE-encoded:
+//      (Split regex, ByteLevel, Metaspace, Punctuation, Digits: bpe_pre_tokenize.cpp) and each
+//      pre-token BPE-encoded:
 //      adjacent pairs merged lowest rank first (leftmost on ties) through a priority queue,
 //      repeated pre-tokens served from a bounded cache (bpe_model.cpp).
 // Decoding runs the file's decoder chain (bpe_decode.cpp).
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -50,11 +52,13 @@ class BpeTokenizer final : public Tokenizer {
     }
     if (const json* d = in.find(root, "decoder")) bpe::read_decoder(*d, "decoder", in, pipeline_);
     const auto& pre = pipeline_.pre;
-    for (std::size_t i = 0; i < pre.size(); ++i) {
-      if (pre[i].kind == bpe::PreTokenizer::kByteLevel && i + 1 != pre.size()) {
-        in.fail("pre_tokenizer", "a ByteLevel pre-tokenizer must come last in the sequence");
-      }
+    if (std::count_if(pre.begin(), pre.end(), [](const bpe::PreTokenizer& p) {
+          return p.kind == bpe::PreTokenizer::kByteLevel;
+        }) > 1) {
+      in.fail("pre_tokenizer", "more than one ByteLevel pre-tokenizer in the sequence");
     }
+    // A ByteLevel step before others (Falcon) hands them byte characters, and the merge loop gets
+    // vocabulary strings; a last one hands raw bytes, which the model maps itself (faster).
     model_.set_byte_level(!pre.empty() && pre.back().kind == bpe::PreTokenizer::kByteLevel);
     special_ = bpe::guess_special_ids(root, in, added_, model_.unk());
   }
