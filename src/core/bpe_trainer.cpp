@@ -1,5 +1,8 @@
-// A small byte-level BPE trainer that writes a HuggingFace tokenizer.json (Qwen2-style pipeline:
-// NFC, the Qwen2 split regex, GPT-2 byte mapping). Used by tests, benchmarks and make-model.
+// A small byte-level BPE trainer that writes a HuggingFace tokenizer.json (GPT-2 byte mapping and
+// a family's pipeline: Qwen2's NFC and split regex by default, or BLOOM's, GPT-NeoX's (MPT) or
+// Falcon's). The corpus is pre-tokenized by the same code the encoder runs (bpe_pre_tokenize.cpp)
+// over the family's sections, so merges never cross a boundary the encoder keeps. Used by tests,
+// benchmarks and make-model.
 //
 // The alphabet is the 256 byte characters (ids 0..255 in byte order). Each step merges the most
 // frequent adjacent pair over the pre-tokens of the corpus; ties go to the pair whose two token
@@ -14,8 +17,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "bpe_pipeline.hpp"
 #include "byte_level.hpp"
-#include "js_regex.hpp"
 #include "promptcache/error.hpp"
 #include "promptcache/model/tokenizer.hpp"
 #include "unicode_text.hpp"
@@ -33,11 +36,98 @@ int right_of(uint64_t key) {
   return static_cast<int>(key & 0xFFFFFFFFu);
 }
 
+using ojson = nlohmann::ordered_json;
+
+// The sections of a family's tokenizer.json besides the vocabulary, as its published file has
+// them (pre-tokenizer regexes and options, normalizer, post-processor, decoder), plus the plain
+// (non-special) added tokens it defines.
+struct FamilySections {
+  ojson normalizer, pre_tokenizer, post_processor, decoder;
+  std::vector<std::string> plain_added;
+};
+
+ojson byte_level_step(bool add_prefix_space, bool trim_offsets, bool use_regex) {
+  return {{"type", "ByteLevel"},
+          {"add_prefix_space", add_prefix_space},
+          {"trim_offsets", trim_offsets},
+          {"use_regex", use_regex}};
+}
+
+ojson split_step(const std::string& regex) {
+  return {{"type", "Split"},
+          {"pattern", {{"Regex", regex}}},
+          {"behavior", "Isolated"},
+          {"invert", false}};
+}
+
+FamilySections family_sections(BpeFamily family) {
+  FamilySections f;
+  switch (family) {
+    case BpeFamily::kQwen2:
+      f.normalizer = {{"type", "NFC"}};
+      f.pre_tokenizer = {
+          {"type", "Sequence"},
+          {"pretokenizers", ojson::array({split_step(byte_level::qwen2_split_regex()),
+                                          byte_level_step(false, false, false)})}};
+      f.post_processor = nullptr;
+      f.decoder = byte_level_step(false, false, false);
+      break;
+    case BpeFamily::kBloom:
+      // bigscience/bloom: no normalizer; the split regex JS cannot parse (transformers.js
+      // rewrites it, and so does JsRegex); ByteLevel without its regex.
+      f.normalizer = nullptr;
+      f.pre_tokenizer = {
+          {"type", "Sequence"},
+          {"pretokenizers",
+           ojson::array({split_step(" ?[^(\\s|[.,!?\xE2\x80\xA6\xE3\x80\x82\xEF\xBC\x8C"
+                                    "\xE3\x80\x81\xE0\xA5\xA4\xDB\x94\xD8\x8C])]+"),
+                         byte_level_step(false, true, false)})}};
+      f.post_processor = {
+          {"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}};
+      f.decoder = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}};
+      break;
+    case BpeFamily::kGptNeox:
+      // EleutherAI/gpt-neox-20b (MPT's tokenizer): NFC, ByteLevel with GPT-2's regex, and runs
+      // of 24 down to 2 spaces as plain added tokens.
+      f.normalizer = {{"type", "NFC"}};
+      f.pre_tokenizer = {
+          {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}};
+      f.post_processor = {
+          {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}};
+      f.decoder = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}};
+      for (int n = 24; n >= 2; --n) f.plain_added.push_back(std::string(n, ' '));
+      break;
+    case BpeFamily::kFalcon:
+      // tiiuae/falcon-7b: punctuation runs, then ByteLevel with its regex, then digit runs cut
+      // into groups of three, the last two on the byte characters.
+      f.normalizer = nullptr;
+      f.pre_tokenizer = {
+          {"type", "Sequence"},
+          {"pretokenizers", ojson::array({{{"type", "Punctuation"}, {"behavior", "Contiguous"}},
+                                          byte_level_step(false, true, true),
+                                          {{"type", "Digits"}, {"individual_digits", false}},
+                                          split_step("[0-9][0-9][0-9]")})}};
+      f.post_processor = nullptr;
+      f.decoder = byte_level_step(true, true, true);
+      break;
+  }
+  return f;
+}
+
 }  // namespace
+
+BpeFamily bpe_family_from_name(const std::string& name) {
+  if (name == "qwen2") return BpeFamily::kQwen2;
+  if (name == "bloom") return BpeFamily::kBloom;
+  if (name == "gpt-neox" || name == "mpt") return BpeFamily::kGptNeox;
+  if (name == "falcon") return BpeFamily::kFalcon;
+  throw Error(ErrorKind::kInvalidArgument, "unknown tokenizer family '" + name +
+                                               "' (known: qwen2, bloom, gpt-neox or mpt, falcon)");
+}
 
 void train_bpe_tokenizer(const std::string& corpus_text, int vocab_size,
                          const std::vector<std::string>& special_tokens,
-                         const std::string& out_json_path) {
+                         const std::string& out_json_path, BpeFamily family) {
   const int learned_size = vocab_size - static_cast<int>(special_tokens.size());
   if (learned_size < 256) {
     throw Error(ErrorKind::kInvalidArgument,
@@ -49,27 +139,45 @@ void train_bpe_tokenizer(const std::string& corpus_text, int vocab_size,
   }
   std::unordered_set<std::string> seen_special;
   for (const auto& s : special_tokens) {
-    if (s.empty() || !seen_special.insert(s).second) {
+    if (s.empty() || !seen_special.insert(s).second ||
+        (family == BpeFamily::kGptNeox && s.find_first_not_of(' ') == std::string::npos)) {
       throw Error(ErrorKind::kInvalidArgument,
                   "special tokens must be non-empty and distinct ('" + s + "')", {out_json_path});
     }
   }
 
-  // Pre-tokens of the corpus as the tokenizer will see them, with their counts.
+  // The family's tokenizer.json sections; its pre-tokens are what training counts.
+  const FamilySections sections = family_sections(family);
+  bpe::Pipeline pipeline;
+  const bpe::JsonReader reader(out_json_path);
+  if (!sections.normalizer.is_null()) {
+    bpe::read_normalizer(nlohmann::json::parse(sections.normalizer.dump()), "normalizer", reader,
+                         pipeline);
+  }
+  bpe::read_pre_tokenizer(nlohmann::json::parse(sections.pre_tokenizer.dump()), "pre_tokenizer",
+                          reader, pipeline);
+  // A ByteLevel step that is not last hands the steps after it byte characters (Falcon).
+  bool encoded = false;
+  for (std::size_t i = 0; i + 1 < pipeline.pre.size(); ++i) {
+    encoded = encoded || pipeline.pre[i].kind == bpe::PreTokenizer::kByteLevel;
+  }
+
+  // Pre-tokens of the corpus as the tokenizer will see them (raw bytes), with their counts.
   const std::string text =
-      unicode::normalize(unicode::to_valid_utf8(corpus_text), unicode::NormalForm::kNfc);
-  const JsRegex split(byte_level::qwen2_split_regex(), out_json_path, "pre_tokenizer");
+      bpe::normalize(pipeline.normalizers, unicode::to_valid_utf8(corpus_text));
   std::unordered_map<std::string, int64_t> counts;
-  std::size_t previous = 0;
-  auto count = [&](std::size_t b, std::size_t e) {
-    if (e > b) ++counts[text.substr(b, e - b)];
-  };
-  split.for_each_match(text, [&](std::size_t b, std::size_t e) {
-    count(previous, b);
-    count(b, e);
-    previous = e;
+  bpe::pre_tokenize(pipeline.pre, 0, text, true, [&](std::string_view piece, bool) {
+    if (!encoded) {
+      ++counts[std::string(piece)];
+      return;
+    }
+    std::string bytes;
+    for (std::size_t i = 0; i < piece.size();) {
+      const int b = byte_level::byte_of(unicode::next_code_point(piece, i));
+      if (b >= 0) bytes += static_cast<char>(b);
+    }
+    if (!bytes.empty()) ++counts[bytes];
   });
-  count(previous, text.size());
 
   struct Word {
     std::vector<int> symbols;
@@ -181,7 +289,6 @@ void train_bpe_tokenizer(const std::string& corpus_text, int vocab_size,
     }
   }
 
-  using ojson = nlohmann::ordered_json;
   ojson vocab = ojson::object();
   for (std::size_t id = 0; id < tokens.size(); ++id) vocab[tokens[id]] = id;
   ojson merge_list = ojson::array();
@@ -196,36 +303,34 @@ void train_bpe_tokenizer(const std::string& corpus_text, int vocab_size,
                      {"normalized", false},
                      {"special", true}});
   }
-  const ojson byte_level_step = {{"type", "ByteLevel"},
-                                 {"add_prefix_space", false},
-                                 {"trim_offsets", false},
-                                 {"use_regex", false}};
-  ojson root = {
-      {"version", "1.0"},
-      {"truncation", nullptr},
-      {"padding", nullptr},
-      {"added_tokens", added},
-      {"normalizer", {{"type", "NFC"}}},
-      {"pre_tokenizer",
-       {{"type", "Sequence"},
-        {"pretokenizers", ojson::array({{{"type", "Split"},
-                                         {"pattern", {{"Regex", byte_level::qwen2_split_regex()}}},
-                                         {"behavior", "Isolated"},
-                                         {"invert", false}},
-                                        byte_level_step})}}},
-      {"post_processor", nullptr},
-      {"decoder", byte_level_step},
-      {"model",
-       {{"type", "BPE"},
-        {"dropout", nullptr},
-        {"unk_token", nullptr},
-        {"continuing_subword_prefix", nullptr},
-        {"end_of_word_suffix", nullptr},
-        {"fuse_unk", false},
-        {"byte_fallback", false},
-        {"ignore_merges", false},
-        {"vocab", vocab},
-        {"merges", merge_list}}}};
+  for (const auto& content : sections.plain_added) {
+    added.push_back({{"id", tokens.size() + added.size()},
+                     {"content", content},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", true},
+                     {"special", false}});
+  }
+  ojson root = {{"version", "1.0"},
+                {"truncation", nullptr},
+                {"padding", nullptr},
+                {"added_tokens", added},
+                {"normalizer", sections.normalizer},
+                {"pre_tokenizer", sections.pre_tokenizer},
+                {"post_processor", sections.post_processor},
+                {"decoder", sections.decoder},
+                {"model",
+                 {{"type", "BPE"},
+                  {"dropout", nullptr},
+                  {"unk_token", nullptr},
+                  {"continuing_subword_prefix", nullptr},
+                  {"end_of_word_suffix", nullptr},
+                  {"fuse_unk", false},
+                  {"byte_fallback", false},
+                  {"ignore_merges", false},
+                  {"vocab", vocab},
+                  {"merges", merge_list}}}};
   std::ofstream out(out_json_path, std::ios::binary | std::ios::trunc);
   if (!out) throw Error(ErrorKind::kIo, "cannot write tokenizer.json", {out_json_path});
   out << root.dump(1) << "\n";

