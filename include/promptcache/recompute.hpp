@@ -62,10 +62,34 @@ enum class RecomputeCriterion {
   // half the count on the last layer: the count on average) to those whose K/V on that layer,
   // projected from their new hidden states, deviate most from the stored ones.
   kGradual,
+  // kImpact with the probe run from the pass: the fresh tokens start at select_layer from the
+  // pass's hidden states and read the pass's (exact) K/V there, the stored (stale) ones above,
+  // instead of running every layer over the stale states. Cheaper than kImpact's probe, and its
+  // attention is the one the recomputed model will pay on the layers the pass left stale.
+  kImpactExact,
+  // kImpactExact with the deviation of every layer the pass ran (1..select_layer, each over its
+  // mean) instead of select_layer's alone.
+  kImpactLayers,
+  // kImpactExact, each slot scored at least as high as its neighbours in its run: the
+  // neighbours of a high-impact token are taken with it.
+  kImpactSpread,
+  // kImpactExact in two rounds: half the count is chosen and recomputed (from select_layer),
+  // then the probe runs again over the partly refreshed states and chooses the rest; the final
+  // forward recomputes all of them together. About half a forward and one probe more.
+  kImpactTwoPass,
+  // kImpact whose probe looks ahead: with the pass's (exact) K/V in the layers it ran and the
+  // stored ones above, the fresh tokens run and then decode kImpactLookahead tokens greedily;
+  // a slot's weight is the attention all of them pay it on the layers the pass left stale (the
+  // continuation reads the states as the fresh tokens do).
+  kImpactLookahead,
 };
 
+// The greedy tokens kImpactLookahead's probe decodes.
+constexpr int64_t kImpactLookaheadTokens = 8;
+
 // "deviation" / "boundary" / "recent" / "attention" / "impact" / "firstk" / "firstk+deviation" /
-// "firstk+impact" / "gradual"; Error(kInvalidArgument) naming the value otherwise.
+// "firstk+impact" / "gradual" / "impact-exact" / "impact-layers" / "impact-spread" /
+// "impact-2pass" / "impact-lookahead"; Error(kInvalidArgument) naming the value otherwise.
 RecomputeCriterion parse_recompute_criterion(const std::string& text);
 std::string recompute_criterion_name(RecomputeCriterion criterion);
 

@@ -123,8 +123,11 @@ struct DeviationPass {
   std::vector<double> score;  // per cached slot
 };
 
+// With `all_layers`, the score adds every layer's from 1 to select_layer (layer 0's K/V depend on
+// the token and position only), each divided by its mean over the cached slots.
 DeviationPass deviation_pass(const LlamaModel& model, const pml::ResolvedPrompt& resolved,
-                             const BaselineMap& map, const KVCache& cache, int64_t select_layer) {
+                             const BaselineMap& map, const KVCache& cache, int64_t select_layer,
+                             bool all_layers = false) {
   const auto n = static_cast<int64_t>(resolved.baseline.size());
   const int64_t layer = std::clamp<int64_t>(select_layer, 0, model.config().num_hidden_layers - 1);
   DeviationPass pass;
@@ -151,12 +154,39 @@ DeviationPass deviation_pass(const LlamaModel& model, const pml::ResolvedPrompt&
     auto d = full.index_select(2, index).to(torch::kFloat32) - stored.to(torch::kFloat32);
     return d.pow(2).sum({0, 1, 3});
   };
-  auto score = diff(pass.scratch.key_slots(layer, 0, n), cache.key_slots(layer, 0, cached)) +
-               diff(pass.scratch.value_slots(layer, 0, n), cache.value_slots(layer, 0, cached));
+  auto layer_score = [&](int64_t l) {
+    return diff(pass.scratch.key_slots(l, 0, n), cache.key_slots(l, 0, cached)) +
+           diff(pass.scratch.value_slots(l, 0, n), cache.value_slots(l, 0, cached));
+  };
+  torch::Tensor score;
+  if (all_layers && layer > 1) {
+    for (int64_t l = 1; l <= layer; ++l) {
+      auto s = layer_score(l).to(torch::kFloat64);
+      const double mean = s.mean().item<double>();
+      s = mean > 0 ? s / mean : s;
+      score = score.defined() ? score + s : s;
+    }
+  } else {
+    score = layer_score(layer);
+  }
   score = score.to(torch::kCPU, torch::kFloat64).contiguous();
   const double* p = score.data_ptr<double>();
   pass.score.assign(p, p + cached);
   return pass;
+}
+
+// The pass's K/V of its layers [from, pass.kv_layers) into slots [0, order.size()) of `cache`:
+// slot i takes baseline token order[i]'s (they are the full-context ones).
+void pass_states_into(const DeviationPass& pass, KVCache& cache, int64_t from,
+                      const std::vector<int64_t>& order, const LlamaModel& model) {
+  if (order.empty()) return;
+  auto index = torch::tensor(order, torch::kInt64).to(model.device());
+  const auto count = static_cast<int64_t>(order.size());
+  const int64_t n = pass.scratch.length();
+  for (int64_t l = from; l < pass.kv_layers; ++l) {
+    cache.key_slots(l, 0, count).copy_(pass.scratch.key_slots(l, 0, n).index_select(2, index));
+    cache.value_slots(l, 0, count).copy_(pass.scratch.value_slots(l, 0, n).index_select(2, index));
+  }
 }
 
 // Runs of the assembled slots: a run starts at every stored block and wherever the reserved
@@ -230,6 +260,112 @@ std::vector<double> attention_mass(const LlamaModel& model, const BaselineMap& m
   per_slot = per_slot.contiguous();
   const double* p = per_slot.data_ptr<double>();
   return std::vector<double>(p, p + cached);
+}
+
+// The attention the fresh tokens pay each cached slot on the layers the pass leaves stale
+// ([pass.kv_layers, layers); the last layer's when the pass reached it), probed from the pass:
+// the fresh tokens start at pass.layers from its hidden states, reading there the pass's K/V
+// (written into the cached slots first: they are exact, and the recompute puts them there anyway)
+// and the cache's states above. Empty without fresh tokens.
+std::vector<double> probe_from_pass(const LlamaModel& model, const BaselineMap& map,
+                                    const AssembledPrompt& assembled, KVCache& cache,
+                                    const DeviationPass& pass) {
+  const auto cached = static_cast<int64_t>(map.cached_position.size());
+  const auto fresh = static_cast<int64_t>(map.fresh_position.size());
+  if (fresh == 0) return {};
+  pass_states_into(pass, cache, pass.layers, map.cached_position, model);
+  std::vector<int64_t> ids(assembled.fresh_tokens.begin(), assembled.fresh_tokens.end());
+  auto query = torch::tensor(map.fresh_position, torch::kInt64);
+  ForwardOptions probe;
+  probe.attention_mask = visible_by_position(map.cached_position, query);
+  probe.first_layer = pass.layers;
+  probe.hidden = pass.hidden.index_select(1, query.to(pass.hidden.device()));
+  torch::Tensor mass;
+  probe.attention_mass = &mass;
+  cache.reserve(cached + fresh);
+  model.forward(torch::tensor(ids, torch::kInt64).unsqueeze(0), query.unsqueeze(0), cache, probe);
+  cache.truncate(cached);
+  const int64_t layers = mass.size(0);
+  const int64_t from = std::clamp<int64_t>(pass.kv_layers, pass.layers, layers - 1);
+  auto per_slot =
+      mass.narrow(0, from, layers - from).narrow(1, 0, cached).sum(0).to(torch::kFloat64);
+  per_slot = per_slot.contiguous();
+  const double* p = per_slot.data_ptr<double>();
+  return std::vector<double>(p, p + cached);
+}
+
+// The attention the fresh tokens and `steps` greedy tokens after them pay each cached slot on
+// the layers the pass left stale: the pass's K/V go into the cached slots' layers it ran (exact;
+// the recompute puts them there anyway), the fresh tokens run over them and the stored states
+// above, then decode greedily, their states dropped again. Empty without fresh tokens.
+std::vector<double> probe_lookahead(const LlamaModel& model, const BaselineMap& map,
+                                    const AssembledPrompt& assembled, KVCache& cache,
+                                    const DeviationPass& pass, int64_t steps) {
+  const auto cached = static_cast<int64_t>(map.cached_position.size());
+  const auto fresh = static_cast<int64_t>(map.fresh_position.size());
+  if (fresh == 0) return {};
+  pass_states_into(pass, cache, 0, map.cached_position, model);
+  std::vector<int64_t> ids(assembled.fresh_tokens.begin(), assembled.fresh_tokens.end());
+  auto query = torch::tensor(map.fresh_position, torch::kInt64);
+  ForwardOptions probe;
+  probe.attention_mask = visible_by_position(map.cached_position, query);
+  torch::Tensor mass;
+  probe.attention_mass = &mass;
+  cache.reserve(cached + fresh + steps);
+  auto logits = model.forward(torch::tensor(ids, torch::kInt64).unsqueeze(0), query.unsqueeze(0),
+                              cache, probe);
+  torch::Tensor total = mass.narrow(1, 0, cached).clone();
+  int64_t position = static_cast<int64_t>(map.cached_position.size() + map.fresh_position.size());
+  for (int64_t i = 0; i < steps; ++i) {
+    const int64_t token = logits.reshape({-1}).argmax().item<int64_t>();
+    ForwardOptions step;
+    torch::Tensor step_mass;
+    step.attention_mass = &step_mass;
+    logits = model.forward(torch::tensor({token}, torch::kInt64).unsqueeze(0),
+                           torch::tensor({position++}, torch::kInt64).unsqueeze(0), cache, step);
+    total += step_mass.narrow(1, 0, cached);
+  }
+  cache.truncate(cached);
+  const int64_t layers = total.size(0);
+  const int64_t from = std::clamp<int64_t>(pass.kv_layers, 0, layers - 1);
+  auto per_slot = total.narrow(0, from, layers - from).sum(0).to(torch::kFloat64).contiguous();
+  const double* p = per_slot.data_ptr<double>();
+  return std::vector<double>(p, p + cached);
+}
+
+// Recomputes `slots` (of the cached slots) in place from pass.layers on, in position order, each
+// seeing by position the earlier slots not among them and the earlier ones among them; their
+// states of the layers from pass.layers on are overwritten. The pass's K/V of pass.layers must be
+// in the cached slots already (probe_from_pass puts them there).
+void recompute_in_place(const LlamaModel& model, const BaselineMap& map, KVCache& cache,
+                        const DeviationPass& pass, const std::vector<int64_t>& slots) {
+  const auto cached = static_cast<int64_t>(map.cached_position.size());
+  const int64_t first = pass.layers, later = model.config().num_hidden_layers - first;
+  if (slots.empty() || later <= 0) return;
+  std::vector<int64_t> order(slots);
+  std::sort(order.begin(), order.end(),
+            [&](int64_t a, int64_t b) { return map.cached_position[a] < map.cached_position[b]; });
+  std::vector<int64_t> ids, positions;
+  for (int64_t s : order) {
+    ids.push_back(map.cached_token[s]);
+    positions.push_back(map.cached_position[s]);
+  }
+  std::vector<int64_t> old_positions = map.cached_position;
+  for (int64_t s : order) old_positions[s] = std::numeric_limits<int64_t>::max();
+  auto query = torch::tensor(positions, torch::kInt64);
+  ForwardOptions forward;
+  forward.attention_mask = visible_by_position(old_positions, query);
+  forward.first_layer = first;
+  forward.hidden = pass.hidden.index_select(1, query.to(pass.hidden.device()));
+  const auto m = static_cast<int64_t>(order.size());
+  cache.reserve(cached + m);
+  model.forward(torch::tensor(ids, torch::kInt64).unsqueeze(0), query.unsqueeze(0), cache, forward);
+  for (int64_t j = 0; j < m; ++j) {
+    cache.all_slots(order[static_cast<std::size_t>(j)], 1)
+        .narrow(0, first, later)
+        .copy_(cache.all_slots(cached + j, 1).narrow(0, first, later));
+  }
+  cache.truncate(cached);
 }
 
 // The attention criterion: the mass on layers 1.. (layer 0's K/V depend on the token and
@@ -357,6 +493,55 @@ std::vector<int64_t> gradual_sizes(int64_t count, int64_t cached, int64_t layers
   return sizes;
 }
 
+// The impact criteria that probe from the pass (kImpactExact and its variants): the deviation
+// score (of select_layer, or of every layer the pass ran) times the attention the fresh tokens,
+// starting from the pass's hidden states, pay each slot on the layers the pass left stale.
+std::vector<int64_t> choose_by_impact_from_pass(
+    const LlamaModel& model, const pml::ResolvedPrompt& resolved, const BaselineMap& map,
+    const AssembledPrompt& assembled, KVCache& cache, const SlotRuns& runs,
+    const SlotGroups& groups, const RecomputeOptions& options, DeviationPass* pass) {
+  const RecomputeCriterion criterion = options.criterion;
+  DeviationPass local = deviation_pass(model, resolved, map, cache, options.select_layer,
+                                       criterion == RecomputeCriterion::kImpactLayers);
+  const std::vector<double> deviation = local.score;
+  auto impact = [&](const std::vector<double>& mass) {
+    std::vector<double> score = deviation;
+    for (std::size_t s = 0; s < mass.size(); ++s) score[s] *= mass[s];
+    return score;
+  };
+  std::vector<double> score =
+      impact(criterion == RecomputeCriterion::kImpactLookahead
+                 ? probe_lookahead(model, map, assembled, cache, local, kImpactLookaheadTokens)
+                 : probe_from_pass(model, map, assembled, cache, local));
+  std::vector<int64_t> slots;
+  if (criterion == RecomputeCriterion::kImpactSpread) {
+    // A slot scores at least what its neighbours in its run score (ties go to the earlier slot,
+    // so a high-impact token's neighbours are taken right after it).
+    std::vector<double> spread = score;
+    const auto n = static_cast<int64_t>(score.size());
+    for (int64_t s = 0; s < n; ++s) {
+      if (s > 0 && runs.offset[s] > 0) spread[s] = std::max(spread[s], score[s - 1]);
+      if (s + 1 < n && runs.offset[s + 1] > 0) spread[s] = std::max(spread[s], score[s + 1]);
+    }
+    slots = pick(spread, groups);
+  } else if (criterion == RecomputeCriterion::kImpactTwoPass) {
+    // Half of each count first, recomputed in place; then the probe again over the partly
+    // refreshed states, and the rest of each count by the new impact (the first half kept).
+    SlotGroups half = groups;
+    half.shared = (groups.shared + 1) / 2;
+    for (int64_t& c : half.count) c = (c + 1) / 2;
+    const std::vector<int64_t> first = pick(score, half);
+    recompute_in_place(model, map, cache, local, first);
+    score = impact(probe_from_pass(model, map, assembled, cache, local));
+    for (int64_t s : first) score[s] = std::numeric_limits<double>::infinity();
+    slots = pick(score, groups);
+  } else {
+    slots = pick(score, groups);
+  }
+  if (pass != nullptr) *pass = std::move(local);
+  return slots;
+}
+
 // The chosen slots, in slot order, with `cache` already at the baseline positions (`runs` read
 // before the move); `pass` receives the deviation pass when one ran. For the gradual criterion,
 // the slots its first layer recomputes. A module budget's slots are chosen among that module's
@@ -397,6 +582,13 @@ std::vector<int64_t> choose(const LlamaModel& model, const pml::ResolvedPrompt& 
     case RecomputeCriterion::kFirstKImpact:
     case RecomputeCriterion::kGradual:
       break;
+    case RecomputeCriterion::kImpactExact:
+    case RecomputeCriterion::kImpactLayers:
+    case RecomputeCriterion::kImpactSpread:
+    case RecomputeCriterion::kImpactTwoPass:
+    case RecomputeCriterion::kImpactLookahead:
+      return choose_by_impact_from_pass(model, resolved, map, assembled, cache, runs, groups,
+                                        options, pass);
   }
   DeviationPass local = deviation_pass(model, resolved, map, cache, options.select_layer);
   if (options.criterion == RecomputeCriterion::kImpact ||
@@ -439,20 +631,6 @@ std::vector<int64_t> move_and_choose(const LlamaModel& model, const pml::Resolve
   auto slots = choose(model, resolved, map, assembled, cache, runs, groups, options, pass);
   if (groups_out != nullptr) *groups_out = std::move(groups);
   return slots;
-}
-
-// The pass's K/V of its layers [from, pass.kv_layers) into slots [0, order.size()) of `cache`:
-// slot i takes baseline token order[i]'s (they are the full-context ones).
-void pass_states_into(const DeviationPass& pass, KVCache& cache, int64_t from,
-                      const std::vector<int64_t>& order, const LlamaModel& model) {
-  if (order.empty()) return;
-  auto index = torch::tensor(order, torch::kInt64).to(model.device());
-  const auto count = static_cast<int64_t>(order.size());
-  const int64_t n = pass.scratch.length();
-  for (int64_t l = from; l < pass.kv_layers; ++l) {
-    cache.key_slots(l, 0, count).copy_(pass.scratch.key_slots(l, 0, n).index_select(2, index));
-    cache.value_slots(l, 0, count).copy_(pass.scratch.value_slots(l, 0, n).index_select(2, index));
-  }
 }
 
 // The gradual criterion's forward (CacheBlend's gradual filtering), after the deviation pass
@@ -589,10 +767,16 @@ RecomputeCriterion parse_recompute_criterion(const std::string& text) {
   if (text == "firstk+deviation") return RecomputeCriterion::kFirstKDeviation;
   if (text == "firstk+impact") return RecomputeCriterion::kFirstKImpact;
   if (text == "gradual") return RecomputeCriterion::kGradual;
+  if (text == "impact-exact") return RecomputeCriterion::kImpactExact;
+  if (text == "impact-layers") return RecomputeCriterion::kImpactLayers;
+  if (text == "impact-spread") return RecomputeCriterion::kImpactSpread;
+  if (text == "impact-2pass") return RecomputeCriterion::kImpactTwoPass;
+  if (text == "impact-lookahead") return RecomputeCriterion::kImpactLookahead;
   throw Error(ErrorKind::kInvalidArgument,
               "unknown recompute criterion '" + text +
                   "' (use impact, deviation, boundary, recent, attention, firstk, "
-                  "firstk+deviation, firstk+impact or gradual)");
+                  "firstk+deviation, firstk+impact, gradual, impact-exact, impact-layers, "
+                  "impact-spread, impact-2pass or impact-lookahead)");
 }
 
 std::string recompute_criterion_name(RecomputeCriterion criterion) {
@@ -613,6 +797,16 @@ std::string recompute_criterion_name(RecomputeCriterion criterion) {
       return "firstk+impact";
     case RecomputeCriterion::kGradual:
       return "gradual";
+    case RecomputeCriterion::kImpactExact:
+      return "impact-exact";
+    case RecomputeCriterion::kImpactLayers:
+      return "impact-layers";
+    case RecomputeCriterion::kImpactSpread:
+      return "impact-spread";
+    case RecomputeCriterion::kImpactTwoPass:
+      return "impact-2pass";
+    case RecomputeCriterion::kImpactLookahead:
+      return "impact-lookahead";
     case RecomputeCriterion::kDeviation:
       break;
   }

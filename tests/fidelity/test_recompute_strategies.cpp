@@ -34,7 +34,9 @@ const std::vector<RecomputeCriterion> kAll = {
     RecomputeCriterion::kRecent,          RecomputeCriterion::kAttention,
     RecomputeCriterion::kImpact,          RecomputeCriterion::kFirstK,
     RecomputeCriterion::kFirstKDeviation, RecomputeCriterion::kFirstKImpact,
-    RecomputeCriterion::kGradual};
+    RecomputeCriterion::kGradual,         RecomputeCriterion::kImpactExact,
+    RecomputeCriterion::kImpactLayers,    RecomputeCriterion::kImpactSpread,
+    RecomputeCriterion::kImpactTwoPass,   RecomputeCriterion::kImpactLookahead};
 
 std::vector<int64_t> choose(Engine& engine, const char* xml, int64_t count,
                             const RecomputeOptions& options) {
