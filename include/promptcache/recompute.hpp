@@ -67,18 +67,8 @@ enum class RecomputeCriterion {
   // instead of running every layer over the stale states. Cheaper than kImpact's probe, and its
   // attention is the one the recomputed model will pay on the layers the pass left stale.
   kImpactExact,
-  // kImpactExact with the deviation of every layer the pass ran (1..select_layer, each over its
-  // mean) instead of select_layer's alone.
-  kImpactLayers,
-  // kImpactExact, each slot scored at least as high as its neighbours in its run: the
-  // neighbours of a high-impact token are taken with it.
-  kImpactSpread,
-  // kImpactExact in two rounds: half the count is chosen and recomputed (from select_layer),
-  // then the probe runs again over the partly refreshed states and chooses the rest; the final
-  // forward recomputes all of them together. About half a forward and one probe more.
-  kImpactTwoPass,
   // kImpact whose probe looks ahead: with the pass's (exact) K/V in the layers it ran and the
-  // stored ones above, the fresh tokens run and then decode kImpactLookahead tokens greedily;
+  // stored ones above, the fresh tokens run and then decode kImpactLookaheadTokens greedily;
   // a slot's weight is the attention all of them pay it on the layers the pass left stale (the
   // continuation reads the states as the fresh tokens do).
   kImpactLookahead,
@@ -88,15 +78,15 @@ enum class RecomputeCriterion {
 constexpr int64_t kImpactLookaheadTokens = 8;
 
 // "deviation" / "boundary" / "recent" / "attention" / "impact" / "firstk" / "firstk+deviation" /
-// "firstk+impact" / "gradual" / "impact-exact" / "impact-layers" / "impact-spread" /
-// "impact-2pass" / "impact-lookahead"; Error(kInvalidArgument) naming the value otherwise.
+// "firstk+impact" / "gradual" / "impact-exact" / "impact-lookahead"; Error(kInvalidArgument) naming
+// the value otherwise.
 RecomputeCriterion parse_recompute_criterion(const std::string& text);
 std::string recompute_criterion_name(RecomputeCriterion criterion);
 
 struct RecomputeOptions {
   double fraction = 0;  // r in [0, 1]: the share of the cached tokens recomputed
   RecomputeCriterion criterion = RecomputeCriterion::kImpact;
-  // kImpact, kDeviation: the layer whose K/V deviation ranks the cached tokens (clamped to the
+  // kImpact*, kDeviation: the layer whose K/V deviation ranks the cached tokens (clamped to the
   // model's last layer). The pass runs layers [0, select_layer) over every token, then
   // select_layer's K/V, and keeps the K/V of layers [0, select_layer] for all of them (they are
   // exact); the chosen tokens are recomputed from select_layer on.

@@ -123,11 +123,8 @@ struct DeviationPass {
   std::vector<double> score;  // per cached slot
 };
 
-// With `all_layers`, the score adds every layer's from 1 to select_layer (layer 0's K/V depend on
-// the token and position only), each divided by its mean over the cached slots.
 DeviationPass deviation_pass(const LlamaModel& model, const pml::ResolvedPrompt& resolved,
-                             const BaselineMap& map, const KVCache& cache, int64_t select_layer,
-                             bool all_layers = false) {
+                             const BaselineMap& map, const KVCache& cache, int64_t select_layer) {
   const auto n = static_cast<int64_t>(resolved.baseline.size());
   const int64_t layer = std::clamp<int64_t>(select_layer, 0, model.config().num_hidden_layers - 1);
   DeviationPass pass;
@@ -154,21 +151,8 @@ DeviationPass deviation_pass(const LlamaModel& model, const pml::ResolvedPrompt&
     auto d = full.index_select(2, index).to(torch::kFloat32) - stored.to(torch::kFloat32);
     return d.pow(2).sum({0, 1, 3});
   };
-  auto layer_score = [&](int64_t l) {
-    return diff(pass.scratch.key_slots(l, 0, n), cache.key_slots(l, 0, cached)) +
-           diff(pass.scratch.value_slots(l, 0, n), cache.value_slots(l, 0, cached));
-  };
-  torch::Tensor score;
-  if (all_layers && layer > 1) {
-    for (int64_t l = 1; l <= layer; ++l) {
-      auto s = layer_score(l).to(torch::kFloat64);
-      const double mean = s.mean().item<double>();
-      s = mean > 0 ? s / mean : s;
-      score = score.defined() ? score + s : s;
-    }
-  } else {
-    score = layer_score(layer);
-  }
+  auto score = diff(pass.scratch.key_slots(layer, 0, n), cache.key_slots(layer, 0, cached)) +
+               diff(pass.scratch.value_slots(layer, 0, n), cache.value_slots(layer, 0, cached));
   score = score.to(torch::kCPU, torch::kFloat64).contiguous();
   const double* p = score.data_ptr<double>();
   pass.score.assign(p, p + cached);
@@ -333,41 +317,6 @@ std::vector<double> probe_lookahead(const LlamaModel& model, const BaselineMap& 
   return std::vector<double>(p, p + cached);
 }
 
-// Recomputes `slots` (of the cached slots) in place from pass.layers on, in position order, each
-// seeing by position the earlier slots not among them and the earlier ones among them; their
-// states of the layers from pass.layers on are overwritten. The pass's K/V of pass.layers must be
-// in the cached slots already (probe_from_pass puts them there).
-void recompute_in_place(const LlamaModel& model, const BaselineMap& map, KVCache& cache,
-                        const DeviationPass& pass, const std::vector<int64_t>& slots) {
-  const auto cached = static_cast<int64_t>(map.cached_position.size());
-  const int64_t first = pass.layers, later = model.config().num_hidden_layers - first;
-  if (slots.empty() || later <= 0) return;
-  std::vector<int64_t> order(slots);
-  std::sort(order.begin(), order.end(),
-            [&](int64_t a, int64_t b) { return map.cached_position[a] < map.cached_position[b]; });
-  std::vector<int64_t> ids, positions;
-  for (int64_t s : order) {
-    ids.push_back(map.cached_token[s]);
-    positions.push_back(map.cached_position[s]);
-  }
-  std::vector<int64_t> old_positions = map.cached_position;
-  for (int64_t s : order) old_positions[s] = std::numeric_limits<int64_t>::max();
-  auto query = torch::tensor(positions, torch::kInt64);
-  ForwardOptions forward;
-  forward.attention_mask = visible_by_position(old_positions, query);
-  forward.first_layer = first;
-  forward.hidden = pass.hidden.index_select(1, query.to(pass.hidden.device()));
-  const auto m = static_cast<int64_t>(order.size());
-  cache.reserve(cached + m);
-  model.forward(torch::tensor(ids, torch::kInt64).unsqueeze(0), query.unsqueeze(0), cache, forward);
-  for (int64_t j = 0; j < m; ++j) {
-    cache.all_slots(order[static_cast<std::size_t>(j)], 1)
-        .narrow(0, first, later)
-        .copy_(cache.all_slots(cached + j, 1).narrow(0, first, later));
-  }
-  cache.truncate(cached);
-}
-
 // The attention criterion: the mass on layers 1.. (layer 0's K/V depend on the token and
 // position only, so they are exact after the move); the run that starts the schema comes last.
 std::vector<double> attention_scores(const LlamaModel& model, const BaselineMap& map,
@@ -493,51 +442,21 @@ std::vector<int64_t> gradual_sizes(int64_t count, int64_t cached, int64_t layers
   return sizes;
 }
 
-// The impact criteria that probe from the pass (kImpactExact and its variants): the deviation
-// score (of select_layer, or of every layer the pass ran) times the attention the fresh tokens,
-// starting from the pass's hidden states, pay each slot on the layers the pass left stale.
+// The impact criteria that probe from the pass (kImpactExact, kImpactLookahead): the deviation
+// score of select_layer times the attention the probe pays each slot on the layers the pass left
+// stale (probe_from_pass, probe_lookahead).
 std::vector<int64_t> choose_by_impact_from_pass(
     const LlamaModel& model, const pml::ResolvedPrompt& resolved, const BaselineMap& map,
-    const AssembledPrompt& assembled, KVCache& cache, const SlotRuns& runs,
-    const SlotGroups& groups, const RecomputeOptions& options, DeviationPass* pass) {
-  const RecomputeCriterion criterion = options.criterion;
-  DeviationPass local = deviation_pass(model, resolved, map, cache, options.select_layer,
-                                       criterion == RecomputeCriterion::kImpactLayers);
-  const std::vector<double> deviation = local.score;
-  auto impact = [&](const std::vector<double>& mass) {
-    std::vector<double> score = deviation;
-    for (std::size_t s = 0; s < mass.size(); ++s) score[s] *= mass[s];
-    return score;
-  };
-  std::vector<double> score =
-      impact(criterion == RecomputeCriterion::kImpactLookahead
-                 ? probe_lookahead(model, map, assembled, cache, local, kImpactLookaheadTokens)
-                 : probe_from_pass(model, map, assembled, cache, local));
-  std::vector<int64_t> slots;
-  if (criterion == RecomputeCriterion::kImpactSpread) {
-    // A slot scores at least what its neighbours in its run score (ties go to the earlier slot,
-    // so a high-impact token's neighbours are taken right after it).
-    std::vector<double> spread = score;
-    const auto n = static_cast<int64_t>(score.size());
-    for (int64_t s = 0; s < n; ++s) {
-      if (s > 0 && runs.offset[s] > 0) spread[s] = std::max(spread[s], score[s - 1]);
-      if (s + 1 < n && runs.offset[s + 1] > 0) spread[s] = std::max(spread[s], score[s + 1]);
-    }
-    slots = pick(spread, groups);
-  } else if (criterion == RecomputeCriterion::kImpactTwoPass) {
-    // Half of each count first, recomputed in place; then the probe again over the partly
-    // refreshed states, and the rest of each count by the new impact (the first half kept).
-    SlotGroups half = groups;
-    half.shared = (groups.shared + 1) / 2;
-    for (int64_t& c : half.count) c = (c + 1) / 2;
-    const std::vector<int64_t> first = pick(score, half);
-    recompute_in_place(model, map, cache, local, first);
-    score = impact(probe_from_pass(model, map, assembled, cache, local));
-    for (int64_t s : first) score[s] = std::numeric_limits<double>::infinity();
-    slots = pick(score, groups);
-  } else {
-    slots = pick(score, groups);
-  }
+    const AssembledPrompt& assembled, KVCache& cache, const SlotGroups& groups,
+    const RecomputeOptions& options, DeviationPass* pass) {
+  DeviationPass local = deviation_pass(model, resolved, map, cache, options.select_layer);
+  const auto mass =
+      options.criterion == RecomputeCriterion::kImpactLookahead
+          ? probe_lookahead(model, map, assembled, cache, local, kImpactLookaheadTokens)
+          : probe_from_pass(model, map, assembled, cache, local);
+  std::vector<double> score = local.score;
+  for (std::size_t s = 0; s < mass.size(); ++s) score[s] *= mass[s];
+  std::vector<int64_t> slots = pick(score, groups);
   if (pass != nullptr) *pass = std::move(local);
   return slots;
 }
@@ -583,12 +502,9 @@ std::vector<int64_t> choose(const LlamaModel& model, const pml::ResolvedPrompt& 
     case RecomputeCriterion::kGradual:
       break;
     case RecomputeCriterion::kImpactExact:
-    case RecomputeCriterion::kImpactLayers:
-    case RecomputeCriterion::kImpactSpread:
-    case RecomputeCriterion::kImpactTwoPass:
     case RecomputeCriterion::kImpactLookahead:
-      return choose_by_impact_from_pass(model, resolved, map, assembled, cache, runs, groups,
-                                        options, pass);
+      return choose_by_impact_from_pass(model, resolved, map, assembled, cache, groups, options,
+                                        pass);
   }
   DeviationPass local = deviation_pass(model, resolved, map, cache, options.select_layer);
   if (options.criterion == RecomputeCriterion::kImpact ||
@@ -768,15 +684,11 @@ RecomputeCriterion parse_recompute_criterion(const std::string& text) {
   if (text == "firstk+impact") return RecomputeCriterion::kFirstKImpact;
   if (text == "gradual") return RecomputeCriterion::kGradual;
   if (text == "impact-exact") return RecomputeCriterion::kImpactExact;
-  if (text == "impact-layers") return RecomputeCriterion::kImpactLayers;
-  if (text == "impact-spread") return RecomputeCriterion::kImpactSpread;
-  if (text == "impact-2pass") return RecomputeCriterion::kImpactTwoPass;
   if (text == "impact-lookahead") return RecomputeCriterion::kImpactLookahead;
   throw Error(ErrorKind::kInvalidArgument,
               "unknown recompute criterion '" + text +
                   "' (use impact, deviation, boundary, recent, attention, firstk, "
-                  "firstk+deviation, firstk+impact, gradual, impact-exact, impact-layers, "
-                  "impact-spread, impact-2pass or impact-lookahead)");
+                  "firstk+deviation, firstk+impact, gradual, impact-exact or impact-lookahead)");
 }
 
 std::string recompute_criterion_name(RecomputeCriterion criterion) {
@@ -799,12 +711,6 @@ std::string recompute_criterion_name(RecomputeCriterion criterion) {
       return "gradual";
     case RecomputeCriterion::kImpactExact:
       return "impact-exact";
-    case RecomputeCriterion::kImpactLayers:
-      return "impact-layers";
-    case RecomputeCriterion::kImpactSpread:
-      return "impact-spread";
-    case RecomputeCriterion::kImpactTwoPass:
-      return "impact-2pass";
     case RecomputeCriterion::kImpactLookahead:
       return "impact-lookahead";
     case RecomputeCriterion::kDeviation:

@@ -30,8 +30,7 @@ const std::vector<RecomputeCriterion> kAll = {
     RecomputeCriterion::kImpact,          RecomputeCriterion::kFirstK,
     RecomputeCriterion::kFirstKDeviation, RecomputeCriterion::kFirstKImpact,
     RecomputeCriterion::kGradual,         RecomputeCriterion::kImpactExact,
-    RecomputeCriterion::kImpactLayers,    RecomputeCriterion::kImpactSpread,
-    RecomputeCriterion::kImpactTwoPass,   RecomputeCriterion::kImpactLookahead};
+    RecomputeCriterion::kImpactLookahead};
 
 // The chosen slots of a prompt, counted per module of the layout (by the reserved positions the
 // slots held before the move); `other` counts the slots of modules without a budget.

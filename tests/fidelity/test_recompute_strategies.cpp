@@ -35,8 +35,7 @@ const std::vector<RecomputeCriterion> kAll = {
     RecomputeCriterion::kImpact,          RecomputeCriterion::kFirstK,
     RecomputeCriterion::kFirstKDeviation, RecomputeCriterion::kFirstKImpact,
     RecomputeCriterion::kGradual,         RecomputeCriterion::kImpactExact,
-    RecomputeCriterion::kImpactLayers,    RecomputeCriterion::kImpactSpread,
-    RecomputeCriterion::kImpactTwoPass,   RecomputeCriterion::kImpactLookahead};
+    RecomputeCriterion::kImpactLookahead};
 
 std::vector<int64_t> choose(Engine& engine, const char* xml, int64_t count,
                             const RecomputeOptions& options) {
