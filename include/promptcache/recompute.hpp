@@ -141,7 +141,8 @@ torch::Tensor recompute_prefill(const LlamaModel& model, const pml::ResolvedProm
 // The slots recompute_prefill would choose, in slot order (deterministic: ties go to the
 // earlier slot), with `count` slots (at most) from the shared pool (all cached slots when the
 // prompt has no module budget) and each module budget's own. `cache` as for recompute_prefill;
-// it is moved to the baseline positions.
+// it is moved to the baseline positions (and impact-exact / impact-lookahead write the pass's
+// exact K/V into the layers it ran).
 std::vector<int64_t> choose_recompute_slots(const LlamaModel& model,
                                             const pml::ResolvedPrompt& resolved,
                                             const AssembledPrompt& assembled, KVCache& cache,
