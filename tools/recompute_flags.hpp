@@ -33,9 +33,12 @@ inline void add_recompute_flags(CLI::App& app, RecomputeFlags& flags) {
                  "first --recompute-first-k tokens of every module after a gap), firstk+impact, "
                  "firstk+deviation (those first, then the rest of the share by impact/deviation), "
                  "boundary (the tokens after each gap), recent (the tokens nearest the fresh "
-                 "text) or attention (the tokens the fresh text attends to most)")
+                 "text), attention (the tokens the fresh text attends to most), impact-exact "
+                 "(impact, its probe starting from the pass) or impact-lookahead (impact, its "
+                 "probe decoding 8 greedy tokens too)")
       ->check(CLI::IsMember({"deviation", "boundary", "recent", "attention", "impact", "firstk",
-                             "firstk+deviation", "firstk+impact", "gradual"}))
+                             "firstk+deviation", "firstk+impact", "gradual", "impact-exact",
+                             "impact-lookahead"}))
       ->capture_default_str();
   app.add_option(
          "--recompute-layer", flags.select_layer,

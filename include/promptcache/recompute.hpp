@@ -62,17 +62,31 @@ enum class RecomputeCriterion {
   // half the count on the last layer: the count on average) to those whose K/V on that layer,
   // projected from their new hidden states, deviate most from the stored ones.
   kGradual,
+  // kImpact with the probe run from the pass: the fresh tokens start at select_layer from the
+  // pass's hidden states and read the pass's (exact) K/V there, the stored (stale) ones above,
+  // instead of running every layer over the stale states. Cheaper than kImpact's probe, and its
+  // attention is the one the recomputed model will pay on the layers the pass left stale.
+  kImpactExact,
+  // kImpact whose probe looks ahead: with the pass's (exact) K/V in the layers it ran and the
+  // stored ones above, the fresh tokens run and then decode kImpactLookaheadTokens greedily;
+  // a slot's weight is the attention all of them pay it on the layers the pass left stale (the
+  // continuation reads the states as the fresh tokens do).
+  kImpactLookahead,
 };
 
+// The greedy tokens kImpactLookahead's probe decodes.
+constexpr int64_t kImpactLookaheadTokens = 8;
+
 // "deviation" / "boundary" / "recent" / "attention" / "impact" / "firstk" / "firstk+deviation" /
-// "firstk+impact" / "gradual"; Error(kInvalidArgument) naming the value otherwise.
+// "firstk+impact" / "gradual" / "impact-exact" / "impact-lookahead"; Error(kInvalidArgument) naming
+// the value otherwise.
 RecomputeCriterion parse_recompute_criterion(const std::string& text);
 std::string recompute_criterion_name(RecomputeCriterion criterion);
 
 struct RecomputeOptions {
   double fraction = 0;  // r in [0, 1]: the share of the cached tokens recomputed
   RecomputeCriterion criterion = RecomputeCriterion::kImpact;
-  // kImpact, kDeviation: the layer whose K/V deviation ranks the cached tokens (clamped to the
+  // kImpact*, kDeviation: the layer whose K/V deviation ranks the cached tokens (clamped to the
   // model's last layer). The pass runs layers [0, select_layer) over every token, then
   // select_layer's K/V, and keeps the K/V of layers [0, select_layer] for all of them (they are
   // exact); the chosen tokens are recomputed from select_layer on.
@@ -127,7 +141,8 @@ torch::Tensor recompute_prefill(const LlamaModel& model, const pml::ResolvedProm
 // The slots recompute_prefill would choose, in slot order (deterministic: ties go to the
 // earlier slot), with `count` slots (at most) from the shared pool (all cached slots when the
 // prompt has no module budget) and each module budget's own. `cache` as for recompute_prefill;
-// it is moved to the baseline positions.
+// it is moved to the baseline positions (and impact-exact / impact-lookahead write the pass's
+// exact K/V into the layers it ran).
 std::vector<int64_t> choose_recompute_slots(const LlamaModel& model,
                                             const pml::ResolvedPrompt& resolved,
                                             const AssembledPrompt& assembled, KVCache& cache,

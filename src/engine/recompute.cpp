@@ -159,6 +159,20 @@ DeviationPass deviation_pass(const LlamaModel& model, const pml::ResolvedPrompt&
   return pass;
 }
 
+// The pass's K/V of its layers [from, pass.kv_layers) into slots [0, order.size()) of `cache`:
+// slot i takes baseline token order[i]'s (they are the full-context ones).
+void pass_states_into(const DeviationPass& pass, KVCache& cache, int64_t from,
+                      const std::vector<int64_t>& order, const LlamaModel& model) {
+  if (order.empty()) return;
+  auto index = torch::tensor(order, torch::kInt64).to(model.device());
+  const auto count = static_cast<int64_t>(order.size());
+  const int64_t n = pass.scratch.length();
+  for (int64_t l = from; l < pass.kv_layers; ++l) {
+    cache.key_slots(l, 0, count).copy_(pass.scratch.key_slots(l, 0, n).index_select(2, index));
+    cache.value_slots(l, 0, count).copy_(pass.scratch.value_slots(l, 0, n).index_select(2, index));
+  }
+}
+
 // Runs of the assembled slots: a run starts at every stored block and wherever the reserved
 // positions jump. Read before the move to the baseline, which replaces the reserved positions
 // and drops the provenance tags.
@@ -228,6 +242,77 @@ std::vector<double> attention_mass(const LlamaModel& model, const BaselineMap& m
   auto per_slot =
       mass.narrow(0, from, layers - from).narrow(1, 0, cached).sum(0).to(torch::kFloat64);
   per_slot = per_slot.contiguous();
+  const double* p = per_slot.data_ptr<double>();
+  return std::vector<double>(p, p + cached);
+}
+
+// The attention the fresh tokens pay each cached slot on the layers the pass leaves stale
+// ([pass.kv_layers, layers); the last layer's when the pass reached it), probed from the pass:
+// the fresh tokens start at pass.layers from its hidden states, reading there the pass's K/V
+// (written into the cached slots first: they are exact, and the recompute puts them there anyway)
+// and the cache's states above. Empty without fresh tokens.
+std::vector<double> probe_from_pass(const LlamaModel& model, const BaselineMap& map,
+                                    const AssembledPrompt& assembled, KVCache& cache,
+                                    const DeviationPass& pass) {
+  const auto cached = static_cast<int64_t>(map.cached_position.size());
+  const auto fresh = static_cast<int64_t>(map.fresh_position.size());
+  if (fresh == 0) return {};
+  pass_states_into(pass, cache, pass.layers, map.cached_position, model);
+  std::vector<int64_t> ids(assembled.fresh_tokens.begin(), assembled.fresh_tokens.end());
+  auto query = torch::tensor(map.fresh_position, torch::kInt64);
+  ForwardOptions probe;
+  probe.attention_mask = visible_by_position(map.cached_position, query);
+  probe.first_layer = pass.layers;
+  probe.hidden = pass.hidden.index_select(1, query.to(pass.hidden.device()));
+  torch::Tensor mass;
+  probe.attention_mass = &mass;
+  cache.reserve(cached + fresh);
+  model.forward(torch::tensor(ids, torch::kInt64).unsqueeze(0), query.unsqueeze(0), cache, probe);
+  cache.truncate(cached);
+  const int64_t layers = mass.size(0);
+  const int64_t from = std::clamp<int64_t>(pass.kv_layers, pass.layers, layers - 1);
+  auto per_slot =
+      mass.narrow(0, from, layers - from).narrow(1, 0, cached).sum(0).to(torch::kFloat64);
+  per_slot = per_slot.contiguous();
+  const double* p = per_slot.data_ptr<double>();
+  return std::vector<double>(p, p + cached);
+}
+
+// The attention the fresh tokens and `steps` greedy tokens after them pay each cached slot on
+// the layers the pass left stale: the pass's K/V go into the cached slots' layers it ran (exact;
+// the recompute puts them there anyway), the fresh tokens run over them and the stored states
+// above, then decode greedily, their states dropped again. Empty without fresh tokens.
+std::vector<double> probe_lookahead(const LlamaModel& model, const BaselineMap& map,
+                                    const AssembledPrompt& assembled, KVCache& cache,
+                                    const DeviationPass& pass, int64_t steps) {
+  const auto cached = static_cast<int64_t>(map.cached_position.size());
+  const auto fresh = static_cast<int64_t>(map.fresh_position.size());
+  if (fresh == 0) return {};
+  pass_states_into(pass, cache, 0, map.cached_position, model);
+  std::vector<int64_t> ids(assembled.fresh_tokens.begin(), assembled.fresh_tokens.end());
+  auto query = torch::tensor(map.fresh_position, torch::kInt64);
+  ForwardOptions probe;
+  probe.attention_mask = visible_by_position(map.cached_position, query);
+  torch::Tensor mass;
+  probe.attention_mass = &mass;
+  cache.reserve(cached + fresh + steps);
+  auto logits = model.forward(torch::tensor(ids, torch::kInt64).unsqueeze(0), query.unsqueeze(0),
+                              cache, probe);
+  torch::Tensor total = mass.narrow(1, 0, cached).clone();
+  int64_t position = static_cast<int64_t>(map.cached_position.size() + map.fresh_position.size());
+  for (int64_t i = 0; i < steps; ++i) {
+    const int64_t token = logits.reshape({-1}).argmax().item<int64_t>();
+    ForwardOptions step;
+    torch::Tensor step_mass;
+    step.attention_mass = &step_mass;
+    logits = model.forward(torch::tensor({token}, torch::kInt64).unsqueeze(0),
+                           torch::tensor({position++}, torch::kInt64).unsqueeze(0), cache, step);
+    total += step_mass.narrow(1, 0, cached);
+  }
+  cache.truncate(cached);
+  const int64_t layers = total.size(0);
+  const int64_t from = std::clamp<int64_t>(pass.kv_layers, 0, layers - 1);
+  auto per_slot = total.narrow(0, from, layers - from).sum(0).to(torch::kFloat64).contiguous();
   const double* p = per_slot.data_ptr<double>();
   return std::vector<double>(p, p + cached);
 }
@@ -357,6 +442,25 @@ std::vector<int64_t> gradual_sizes(int64_t count, int64_t cached, int64_t layers
   return sizes;
 }
 
+// The impact criteria that probe from the pass (kImpactExact, kImpactLookahead): the deviation
+// score of select_layer times the attention the probe pays each slot on the layers the pass left
+// stale (probe_from_pass, probe_lookahead).
+std::vector<int64_t> choose_by_impact_from_pass(
+    const LlamaModel& model, const pml::ResolvedPrompt& resolved, const BaselineMap& map,
+    const AssembledPrompt& assembled, KVCache& cache, const SlotGroups& groups,
+    const RecomputeOptions& options, DeviationPass* pass) {
+  DeviationPass local = deviation_pass(model, resolved, map, cache, options.select_layer);
+  const auto mass =
+      options.criterion == RecomputeCriterion::kImpactLookahead
+          ? probe_lookahead(model, map, assembled, cache, local, kImpactLookaheadTokens)
+          : probe_from_pass(model, map, assembled, cache, local);
+  std::vector<double> score = local.score;
+  for (std::size_t s = 0; s < mass.size(); ++s) score[s] *= mass[s];
+  std::vector<int64_t> slots = pick(score, groups);
+  if (pass != nullptr) *pass = std::move(local);
+  return slots;
+}
+
 // The chosen slots, in slot order, with `cache` already at the baseline positions (`runs` read
 // before the move); `pass` receives the deviation pass when one ran. For the gradual criterion,
 // the slots its first layer recomputes. A module budget's slots are chosen among that module's
@@ -397,6 +501,10 @@ std::vector<int64_t> choose(const LlamaModel& model, const pml::ResolvedPrompt& 
     case RecomputeCriterion::kFirstKImpact:
     case RecomputeCriterion::kGradual:
       break;
+    case RecomputeCriterion::kImpactExact:
+    case RecomputeCriterion::kImpactLookahead:
+      return choose_by_impact_from_pass(model, resolved, map, assembled, cache, groups, options,
+                                        pass);
   }
   DeviationPass local = deviation_pass(model, resolved, map, cache, options.select_layer);
   if (options.criterion == RecomputeCriterion::kImpact ||
@@ -439,20 +547,6 @@ std::vector<int64_t> move_and_choose(const LlamaModel& model, const pml::Resolve
   auto slots = choose(model, resolved, map, assembled, cache, runs, groups, options, pass);
   if (groups_out != nullptr) *groups_out = std::move(groups);
   return slots;
-}
-
-// The pass's K/V of its layers [from, pass.kv_layers) into slots [0, order.size()) of `cache`:
-// slot i takes baseline token order[i]'s (they are the full-context ones).
-void pass_states_into(const DeviationPass& pass, KVCache& cache, int64_t from,
-                      const std::vector<int64_t>& order, const LlamaModel& model) {
-  if (order.empty()) return;
-  auto index = torch::tensor(order, torch::kInt64).to(model.device());
-  const auto count = static_cast<int64_t>(order.size());
-  const int64_t n = pass.scratch.length();
-  for (int64_t l = from; l < pass.kv_layers; ++l) {
-    cache.key_slots(l, 0, count).copy_(pass.scratch.key_slots(l, 0, n).index_select(2, index));
-    cache.value_slots(l, 0, count).copy_(pass.scratch.value_slots(l, 0, n).index_select(2, index));
-  }
 }
 
 // The gradual criterion's forward (CacheBlend's gradual filtering), after the deviation pass
@@ -589,10 +683,12 @@ RecomputeCriterion parse_recompute_criterion(const std::string& text) {
   if (text == "firstk+deviation") return RecomputeCriterion::kFirstKDeviation;
   if (text == "firstk+impact") return RecomputeCriterion::kFirstKImpact;
   if (text == "gradual") return RecomputeCriterion::kGradual;
+  if (text == "impact-exact") return RecomputeCriterion::kImpactExact;
+  if (text == "impact-lookahead") return RecomputeCriterion::kImpactLookahead;
   throw Error(ErrorKind::kInvalidArgument,
               "unknown recompute criterion '" + text +
                   "' (use impact, deviation, boundary, recent, attention, firstk, "
-                  "firstk+deviation, firstk+impact or gradual)");
+                  "firstk+deviation, firstk+impact, gradual, impact-exact or impact-lookahead)");
 }
 
 std::string recompute_criterion_name(RecomputeCriterion criterion) {
@@ -613,6 +709,10 @@ std::string recompute_criterion_name(RecomputeCriterion criterion) {
       return "firstk+impact";
     case RecomputeCriterion::kGradual:
       return "gradual";
+    case RecomputeCriterion::kImpactExact:
+      return "impact-exact";
+    case RecomputeCriterion::kImpactLookahead:
+      return "impact-lookahead";
     case RecomputeCriterion::kDeviation:
       break;
   }

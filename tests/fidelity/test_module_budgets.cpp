@@ -29,7 +29,8 @@ const std::vector<RecomputeCriterion> kAll = {
     RecomputeCriterion::kRecent,          RecomputeCriterion::kAttention,
     RecomputeCriterion::kImpact,          RecomputeCriterion::kFirstK,
     RecomputeCriterion::kFirstKDeviation, RecomputeCriterion::kFirstKImpact,
-    RecomputeCriterion::kGradual};
+    RecomputeCriterion::kGradual,         RecomputeCriterion::kImpactExact,
+    RecomputeCriterion::kImpactLookahead};
 
 // The chosen slots of a prompt, counted per module of the layout (by the reserved positions the
 // slots held before the move); `other` counts the slots of modules without a budget.

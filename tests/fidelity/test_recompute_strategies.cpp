@@ -34,7 +34,8 @@ const std::vector<RecomputeCriterion> kAll = {
     RecomputeCriterion::kRecent,          RecomputeCriterion::kAttention,
     RecomputeCriterion::kImpact,          RecomputeCriterion::kFirstK,
     RecomputeCriterion::kFirstKDeviation, RecomputeCriterion::kFirstKImpact,
-    RecomputeCriterion::kGradual};
+    RecomputeCriterion::kGradual,         RecomputeCriterion::kImpactExact,
+    RecomputeCriterion::kImpactLookahead};
 
 std::vector<int64_t> choose(Engine& engine, const char* xml, int64_t count,
                             const RecomputeOptions& options) {
@@ -142,7 +143,8 @@ TEST_CASE("firstk recomputes the first k tokens of every module after a gap", "[
     for (int64_t s : firstk) CHECK(std::binary_search(mixed.begin(), mixed.end(), s));
     CHECK(mixed == choose(*engine, kGap, 25, options));  // deterministic
   }
-  for (const char* name : {"firstk", "firstk+deviation", "firstk+impact", "gradual"}) {
+  for (const char* name : {"firstk", "firstk+deviation", "firstk+impact", "gradual", "impact-exact",
+                           "impact-lookahead"}) {
     CHECK(recompute_criterion_name(parse_recompute_criterion(name)) == name);
   }
   // first_k is checked.
