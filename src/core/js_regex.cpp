@@ -13,7 +13,15 @@
 namespace promptcache {
 namespace {
 
+// Oniguruma's \s with a Unicode encoding (its doc/RE: 0009-000D, 0085, Zl, Zp, Zs), which is
+// Unicode's White_Space property. HuggingFace's tokenizers compile tokenizer.json patterns with
+// Oniguruma, so a model's training data was split with this \s; @huggingface/tokenizers rewrites
+// \s to \p{White_Space} for the same reason ("JS \s wrongly adds U+FEFF and misses \x85").
+const char kUnicodeSpace[] =
+    "\\t\\n\\x0B\\f\\r\\x20\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}"
+    "\\x{202F}\\x{205F}\\x{3000}";
 // JavaScript's \s: WhiteSpace (TAB, VT, FF, ZWNBSP, every Zs) and LineTerminator (LF, CR, LS, PS).
+// U+FEFF in, U+0085 out.
 const char kJsSpace[] =
     "\\t\\n\\x0B\\f\\r\\x20\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}"
     "\\x{205F}\\x{3000}\\x{FEFF}";
@@ -58,7 +66,8 @@ std::string to_hex(unsigned long v) {
 
 }  // namespace
 
-std::string JsRegex::translate(const std::string& pattern) {
+std::string JsRegex::translate(const std::string& pattern, WhiteSpace space) {
+  const char* const space_set = space == WhiteSpace::kUnicode ? kUnicodeSpace : kJsSpace;
   // 1. transformers.js first drops the backslash of \#, \& and \~ (valid in Rust, not in JS "u").
   std::string p;
   for (std::size_t i = 0; i < pattern.size(); ++i) {
@@ -97,10 +106,10 @@ std::string JsRegex::translate(const std::string& pattern) {
       };
       switch (e) {
         case 's':
-          cls(kJsSpace, false);
+          cls(space_set, false);
           continue;
         case 'S':
-          cls(kJsSpace, true);
+          cls(space_set, true);
           continue;
         case 'd':
           cls(kJsDigit, false);
@@ -194,8 +203,9 @@ struct JsRegex::Impl {
   }
 };
 
-JsRegex::JsRegex(const std::string& pattern, const std::string& origin, const std::string& field)
-    : impl_(std::make_unique<Impl>()), compiled_(translate(pattern)) {
+JsRegex::JsRegex(const std::string& pattern, WhiteSpace space, const std::string& origin,
+                 const std::string& field)
+    : impl_(std::make_unique<Impl>()), compiled_(translate(pattern, space)) {
   int error = 0;
   PCRE2_SIZE offset = 0;
   // UCP: Unicode case folding and \b, as JS's "u" flag; DOLLAR_ENDONLY: JS's $ without "m".

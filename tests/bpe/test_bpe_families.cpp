@@ -256,6 +256,51 @@ TEST_CASE("the BLOOM split class keeps parentheses and the pipe out of words", "
   CHECK(load(dir, j, "template.json")->adds_bos());
 }
 
+TEST_CASE("a tokenizer.json regex reads \\s as Oniguruma, ByteLevel's own regex as JavaScript",
+          "[bpe][families]") {
+  // Llama 3's split regex (Qwen2's differs only in \p{N}): HuggingFace's tokenizers and
+  // @huggingface/tokenizers read its \s as Unicode White_Space, U+0085 in and U+FEFF out.
+  const char* llama3 =
+      "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+      "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+  const std::string nel = "\xC2\x85", bom = "\xEF\xBB\xBF";
+  // Merges that join U+0085 with a following "!" and " " U+FEFF "!" into one token each, so a
+  // split between them shows as separate tokens.
+  const std::vector<std::pair<std::string, std::string>> merges = {
+      {byte_char(0xC2), byte_char(0x85)}, {chars_of(nel), "!"},
+      {byte_char(0xEF), byte_char(0xBB)}, {chars_of("\xEF\xBB"), byte_char(0xBF)},
+      {byte_char(' '), chars_of(bom)},    {chars_of(" " + bom), "!"}};
+  const std::string text = "x" + nel + "! a " + bom + "!";
+  test::TempDir dir;
+
+  const auto split = load(dir,
+                          tokenizer_json(sequence(json::array({{{"type", "Split"},
+                                                                {"pattern", {{"Regex", llama3}}},
+                                                                {"behavior", "Isolated"},
+                                                                {"invert", false}},
+                                                               byte_level_step(false)})),
+                                         merges),
+                          "split.json");
+  // U+0085 is white space: "!" is cut off it. U+FEFF is not: " " U+FEFF "!" is one pre-token.
+  CHECK(pieces(*split, text) == std::vector<std::string>{"x", chars_of(nel), "!", byte_char(' '),
+                                                         "a", chars_of(" " + bom + "!")});
+  CHECK(split->decode(split->encode(text)) == text);
+
+  // ByteLevel's GPT-2 regex is a JS literal in both JS tokenizers: JavaScript's \s, the other
+  // way round (U+0085 joins the "!", U+FEFF is white space between " " and "!").
+  const auto byte_level = load(dir, tokenizer_json(byte_level_step(true), merges), "bl.json");
+  CHECK(pieces(*byte_level, text) == std::vector<std::string>{"x", chars_of(nel + "!"),
+                                                              byte_char(' '), "a", byte_char(' '),
+                                                              chars_of(bom), "!"});
+
+  // A Replace normalizer's regex is the file's own too: Oniguruma's \s.
+  json replace = tokenizer_json(byte_level_step(false), {});
+  replace["normalizer"] = {{"type", "Replace"}, {"pattern", {{"Regex", "\\s"}}}, {"content", "_"}};
+  const auto normalized = load(dir, replace, "replace.json");
+  CHECK(normalized->decode(normalized->encode("a" + nel + "b" + bom + "c d")) ==
+        "a_b" + bom + "c_d");
+}
+
 TEST_CASE("hostile pipelines are refused with the field named", "[bpe][families]") {
   test::TempDir dir;
   // Sequences nested far deeper than any real file: an error, not a deep recursion. (Written as
