@@ -155,10 +155,9 @@ void read_pre_tokenizer(const json& p, const std::string& field, const JsonReade
     step.behavior = behavior_of(in.string_or(p, "behavior", field + ".behavior", "Isolated"),
                                 field + ".behavior", in);
   } else if (type == "Digits") {
-    // transformers.js: [^\d]+|\d+ (or \d alone with individual_digits); JS's \d is ASCII.
+    // transformers.js: [^\d]+|\d+ (or \d alone with individual_digits); JS's \d is ASCII, so
+    // the step cuts at ASCII digits (bpe_pre_tokenize.cpp finds them without a regex).
     step.kind = PreTokenizer::kDigits;
-    step.regex =
-        std::make_shared<JsRegex>("\\d", JsRegex::WhiteSpace::kEcmaScript, in.file(), field);
     step.behavior = in.flag(p, "individual_digits", field + ".individual_digits", false)
                         ? SplitBehavior::kIsolated
                         : SplitBehavior::kContiguous;

@@ -43,6 +43,15 @@ std::string regex_replace_all(const JsRegex& regex, std::string_view text, std::
 void split_with_behavior(std::string_view text, bool at_start,
                          const std::vector<std::pair<std::size_t, std::size_t>>& matches,
                          SplitBehavior behavior, bool invert, const Emit& emit) {
+  // Nothing to cut at (most pieces, for a Digits or Split step after another step): every
+  // behavior gives the whole piece, as the general case below would.
+  if (!invert && std::none_of(matches.begin(), matches.end(),
+                              [](const std::pair<std::size_t, std::size_t>& m) {
+                                return m.second > m.first;
+                              })) {
+    if (!text.empty()) emit(text, at_start);
+    return;
+  }
   struct Segment {
     std::size_t begin, end;
     bool is_match;
@@ -134,9 +143,10 @@ void pre_tokenize(const std::vector<PreTokenizer>& steps, std::size_t step, std:
     return;
   }
   const PreTokenizer& p = steps[step];
-  const Emit next = [&](std::string_view sub, bool sub_at_start) {
+  const auto to_next_step = [&](std::string_view sub, bool sub_at_start) {
     pre_tokenize(steps, step + 1, sub, sub_at_start, emit);
   };
+  const Emit next = to_next_step;
   std::vector<std::pair<std::size_t, std::size_t>> matches;
   switch (p.kind) {
     case PreTokenizer::kSplit: {
@@ -164,9 +174,13 @@ void pre_tokenize(const std::vector<PreTokenizer>& steps, std::size_t step, std:
       // and transformers.js; the merge loop then reads the pre-tokens as vocabulary strings.
       // When it is last, pre-tokens stay raw bytes and the model maps them (same result).
       const bool last = step + 1 == steps.size();
-      const Emit out = last ? next : [&](std::string_view sub, bool sub_at_start) {
-        next(byte_level::encode(sub), sub_at_start);
+      std::string chars;  // one buffer for every piece's byte characters
+      const auto to_chars = [&](std::string_view sub, bool sub_at_start) {
+        chars.clear();
+        for (unsigned char b : sub) chars += byte_level::utf8()[b];
+        next(chars, sub_at_start);
       };
+      const Emit out = last ? next : Emit(to_chars);
       if (!p.regex) {
         out(text, at_start);
         return;
@@ -178,10 +192,17 @@ void pre_tokenize(const std::vector<PreTokenizer>& steps, std::size_t step, std:
       return;
     }
     case PreTokenizer::kPunctuation:
-    case PreTokenizer::kDigits:
       p.regex->for_each_match(piece, [&](std::size_t b, std::size_t e) {
         matches.push_back({b, e});
       });
+      split_with_behavior(piece, at_start, matches, p.behavior, false, next);
+      return;
+    case PreTokenizer::kDigits:
+      // Its regex is JS's \d, ASCII digits, one character a match: the digit bytes themselves
+      // (no byte of a longer UTF-8 sequence is below 0x80), found without running it.
+      for (std::size_t i = 0; i < piece.size(); ++i) {
+        if (piece[i] >= '0' && piece[i] <= '9') matches.push_back({i, i + 1});
+      }
       split_with_behavior(piece, at_start, matches, p.behavior, false, next);
       return;
     case PreTokenizer::kMetaspace: {

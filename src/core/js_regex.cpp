@@ -4,6 +4,7 @@
 
 #include <pcre2.h>
 
+#include <new>
 #include <utility>
 #include <vector>
 
@@ -228,18 +229,26 @@ JsRegex::~JsRegex() = default;
 
 void JsRegex::for_each_match(std::string_view text,
                              const std::function<void(std::size_t, std::size_t)>& on_match) const {
-  std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> data(
-      pcre2_match_data_create_from_pattern(impl_->code, nullptr), &pcre2_match_data_free);
+  // One ovector pair is all that is read (a smaller ovector than the groups is allowed: the
+  // match still sets the whole match's offsets), and one block per thread serves every call:
+  // nothing reads it after on_match is called, so a nested call may reuse it.
+  struct Scratch {
+    pcre2_match_data* data = pcre2_match_data_create(1, nullptr);
+    ~Scratch() { pcre2_match_data_free(data); }
+  };
+  thread_local Scratch scratch;
+  if (!scratch.data) throw std::bad_alloc();
+  pcre2_match_data* const data = scratch.data;
   const auto subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   std::size_t start = 0;
   while (start <= text.size()) {
     // The text is valid UTF-8 (the tokenizer repairs it first), so PCRE2 need not check it.
-    int rc = pcre2_match(impl_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, data.get(),
-                         nullptr);
+    int rc =
+        pcre2_match(impl_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, data, nullptr);
     if (rc == PCRE2_ERROR_JIT_STACKLIMIT) {
       // The interpreter keeps its backtracking state on the heap.
       rc = pcre2_match(impl_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT,
-                       data.get(), nullptr);
+                       data, nullptr);
     }
     if (rc == PCRE2_ERROR_NOMATCH) return;
     if (rc < 0) {
@@ -248,7 +257,7 @@ void JsRegex::for_each_match(std::string_view text,
       throw Error(ErrorKind::kTokenizer,
                   std::string("split regex failed: ") + reinterpret_cast<const char*>(message));
     }
-    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(data.get());
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(data);
     const std::size_t begin = ov[0], end = ov[1];
     on_match(begin, end);
     if (end > begin) {

@@ -211,6 +211,36 @@ TEST_CASE("a ByteLevel step before Digits and Split hands them byte characters",
   CHECK(pieces(*plain, "x 1234567") == std::vector<std::string>{"x", "Ġ", "12", "34", "5", "67"});
 }
 
+TEST_CASE("pre-tokens after a ByteLevel step look tokens up as byte characters do",
+          "[bpe][families]") {
+  // Behind cutting steps the merge loop takes the pre-token's bytes again; its first lookups must
+  // stay those of the byte characters, added tokens included (transformers.js maps them too):
+  // here "Ġ" is no model token, only an added one, and a space still encodes to it.
+  test::TempDir dir;
+  json j = tokenizer_json(falcon_pre_tokenizer(), {{"1", "2"}});
+  j["model"]["vocab"].erase(byte_char(' '));
+  j["added_tokens"] = json::array(
+      {{{"id", 300}, {"content", byte_char(' ')}, {"special", false}, {"normalized", false}}});
+  const auto falcon = load(dir, j);
+  CHECK(falcon->encode("a 12") == std::vector<TokenId>{'a', 300, falcon->piece_to_id("12")});
+
+  // A step that may add a character standing for no byte (Metaspace's "▁") keeps the pre-tokens
+  // as characters: "▁" is looked up as itself.
+  json m = tokenizer_json(sequence(json::array({byte_level_step(false),
+                                                {{"type", "Metaspace"},
+                                                 {"replacement", "\xE2\x96\x81"},
+                                                 {"prepend_scheme", "always"},
+                                                 {"split", false}}})),
+                          {{"\xE2\x96\x81", "a"}});
+  m["model"]["vocab"]["\xE2\x96\x81"] = 301;
+  m["model"]["vocab"]
+   ["\xE2\x96\x81"
+    "a"] = 302;
+  m["model"]["merges"] = json::array({json::array({"\xE2\x96\x81", "a"})});
+  const auto meta = load(dir, m, "metaspace.json");
+  CHECK(meta->encode("ab") == std::vector<TokenId>{302, 'b'});
+}
+
 TEST_CASE("the BLOOM split class keeps parentheses and the pipe out of words", "[bpe][families]") {
   test::TempDir dir;
   const std::vector<std::pair<std::string, std::string>> merges = {
