@@ -52,19 +52,52 @@ void split_with_behavior(std::string_view text, bool at_start,
     if (!text.empty()) emit(text, at_start);
     return;
   }
+  auto emit_piece = [&](std::size_t b, std::size_t e) {
+    if (e > b) emit(text.substr(b, e - b), at_start && b == 0);
+  };
+  // The segments in order: the text between matches (a match when inverted) and the matches.
+  auto for_each_segment = [&](auto&& on_segment) {
+    std::size_t prev = 0;
+    for (const auto& [b, e] : matches) {
+      if (e == b) continue;  // empty matches split nothing (as in transformers.js's regexSplit)
+      if (b > prev) on_segment(prev, b, invert);
+      on_segment(b, e, !invert);
+      prev = e;
+    }
+    if (prev < text.size()) on_segment(prev, text.size(), invert);
+  };
+  // Isolated and Contiguous (ByteLevel, Split, Punctuation and Digits as the families use them)
+  // emit as they go; the general case below gives the same pieces.
+  if (behavior == SplitBehavior::kIsolated) {
+    for_each_segment([&](std::size_t b, std::size_t e, bool) { emit_piece(b, e); });
+    return;
+  }
+  if (behavior == SplitBehavior::kContiguous) {
+    bool pending = false, pending_match = false;
+    std::size_t pending_begin = 0, pending_end = 0;
+    for_each_segment([&](std::size_t b, std::size_t e, bool is_match) {
+      if (pending && is_match && pending_match) {
+        pending_end = e;
+      } else {
+        if (pending) emit_piece(pending_begin, pending_end);
+        pending = true;
+        pending_begin = b;
+        pending_end = e;
+      }
+      pending_match = is_match;
+    });
+    if (pending) emit_piece(pending_begin, pending_end);
+    return;
+  }
+
   struct Segment {
     std::size_t begin, end;
     bool is_match;
   };
   std::vector<Segment> segments;
-  std::size_t prev = 0;
-  for (const auto& [b, e] : matches) {
-    if (e == b) continue;  // empty matches split nothing (as in transformers.js's regexSplit)
-    if (b > prev) segments.push_back({prev, b, invert});
-    segments.push_back({b, e, !invert});
-    prev = e;
-  }
-  if (prev < text.size()) segments.push_back({prev, text.size(), invert});
+  for_each_segment([&](std::size_t b, std::size_t e, bool is_match) {
+    segments.push_back({b, e, is_match});
+  });
 
   std::vector<std::pair<std::size_t, std::size_t>> pieces;
   bool previous_match = false;
@@ -74,8 +107,8 @@ void split_with_behavior(std::string_view text, bool at_start,
         if (!s.is_match) pieces.push_back({s.begin, s.end});
       break;
     case SplitBehavior::kIsolated:
-      for (const auto& s : segments) pieces.push_back({s.begin, s.end});
-      break;
+    case SplitBehavior::kContiguous:
+      break;  // emitted above
     case SplitBehavior::kMergedWithPrevious:
       for (const auto& s : segments) {
         if (s.is_match && !previous_match && !pieces.empty())
@@ -95,19 +128,8 @@ void split_with_behavior(std::string_view text, bool at_start,
       }
       std::reverse(pieces.begin(), pieces.end());
       break;
-    case SplitBehavior::kContiguous:
-      for (const auto& s : segments) {
-        if (s.is_match && previous_match && !pieces.empty())
-          pieces.back().second = s.end;
-        else
-          pieces.push_back({s.begin, s.end});
-        previous_match = s.is_match;
-      }
-      break;
   }
-  for (const auto& [b, e] : pieces) {
-    if (e > b) emit(text.substr(b, e - b), at_start && b == 0);
-  }
+  for (const auto& [b, e] : pieces) emit_piece(b, e);
 }
 
 std::string normalize(const std::vector<Normalizer>& normalizers, std::string_view text) {

@@ -10,7 +10,8 @@
 #include <sstream>
 #include <thread>
 
-#include "js_regex.hpp"  // src/core (private), for the regex translation
+#include "bpe_pipeline.hpp"  // src/core (private), for split_with_behavior
+#include "js_regex.hpp"      // src/core (private), for the regex translation
 #include "promptcache/builtin_data.hpp"
 #include "promptcache/error.hpp"
 #include "promptcache/model/tokenizer.hpp"
@@ -302,6 +303,48 @@ TEST_CASE("JS regex semantics are spelled out for PCRE2", "[bpe]") {
                                  "\xEF\xBB\xBF", "!"});
   CHECK_THROWS_WITH(JsRegex("(unclosed", WS::kUnicode, "f.json", "pre_tokenizer.pattern.Regex"),
                     Catch::Contains("f.json") && Catch::Contains("pre_tokenizer.pattern.Regex"));
+}
+
+TEST_CASE("split_with_behavior cuts as HuggingFace's five delimiter behaviors do", "[bpe]") {
+  // HuggingFace's example: "the-final--countdown" split on "-" (plus an empty match, which cuts
+  // nothing).
+  const std::string text = "the-final--countdown";
+  const std::vector<std::pair<std::size_t, std::size_t>> dashes = {
+      {0, 0}, {3, 4}, {9, 10}, {10, 11}};
+  auto cut = [&](bpe::SplitBehavior behavior, bool invert) {
+    std::vector<std::string> out;
+    std::vector<bool> starts;
+    bpe::split_with_behavior(text, true, dashes, behavior, invert,
+                             [&](std::string_view piece, bool at_start) {
+                               out.emplace_back(piece);
+                               starts.push_back(at_start);
+                             });
+    // Only a piece at offset 0 of a piece at the start of the input is at the start.
+    for (std::size_t i = 0; i < starts.size(); ++i)
+      CHECK(starts[i] == (i == 0 && out[0][0] == text[0]));
+    return out;
+  };
+  using B = bpe::SplitBehavior;
+  using V = std::vector<std::string>;
+  CHECK(cut(B::kRemoved, false) == V{"the", "final", "countdown"});
+  CHECK(cut(B::kIsolated, false) == V{"the", "-", "final", "-", "-", "countdown"});
+  CHECK(cut(B::kMergedWithPrevious, false) == V{"the-", "final-", "-", "countdown"});
+  CHECK(cut(B::kMergedWithNext, false) == V{"the", "-final", "-", "-countdown"});
+  CHECK(cut(B::kContiguous, false) == V{"the", "-", "final", "--", "countdown"});
+  // Inverted: the text between the dashes is what matched.
+  CHECK(cut(B::kRemoved, true) == V{"-", "-", "-"});
+  CHECK(cut(B::kIsolated, true) == V{"the", "-", "final", "-", "-", "countdown"});
+  CHECK(cut(B::kMergedWithPrevious, true) == V{"the", "-final", "-", "-countdown"});
+  CHECK(cut(B::kMergedWithNext, true) == V{"the-", "final-", "-", "countdown"});
+  CHECK(cut(B::kContiguous, true) == V{"the", "-", "final", "-", "-", "countdown"});
+  // Nothing to cut at: the whole text, whatever the behavior.
+  for (B b :
+       {B::kRemoved, B::kIsolated, B::kMergedWithPrevious, B::kMergedWithNext, B::kContiguous}) {
+    std::vector<std::string> out;
+    bpe::split_with_behavior("plain", false, {}, b, false,
+                             [&](std::string_view piece, bool) { out.emplace_back(piece); });
+    CHECK(out == V{"plain"});
+  }
 }
 
 TEST_CASE("Metaspace-style tokenizer.json: prefix space, byte fallback, <s> and </s>", "[bpe]") {
