@@ -45,7 +45,9 @@ void read_pattern(const json& obj, const std::string& field, const JsonReader& i
     literal = in.string(*s, field + ".pattern.String");
     if (literal.empty()) in.fail(field + ".pattern.String", "empty pattern");
   } else if (const json* r = in.find(p, "Regex")) {
-    regex = std::make_shared<JsRegex>(in.string(*r, field + ".pattern.Regex"), in.file(),
+    // The file's own pattern: \s as Oniguruma (HuggingFace's tokenizers) reads it.
+    regex = std::make_shared<JsRegex>(in.string(*r, field + ".pattern.Regex"),
+                                      JsRegex::WhiteSpace::kUnicode, in.file(),
                                       field + ".pattern.Regex");
   } else {
     in.fail(field + ".pattern", "expected {\"String\": ...} or {\"Regex\": ...}");
@@ -134,23 +136,28 @@ void read_pre_tokenizer(const json& p, const std::string& field, const JsonReade
     step.kind = PreTokenizer::kByteLevel;
     step.add_prefix_space = in.flag(p, "add_prefix_space", field + ".add_prefix_space", true);
     if (in.flag(p, "use_regex", field + ".use_regex", true)) {
-      // GPT-2's pattern, as transformers.js writes it.
+      // GPT-2's pattern, as the JS tokenizers write it: a JS literal, so with JavaScript's \s,
+      // in @huggingface/tokenizers as in transformers.js 3. HuggingFace's Rust ByteLevel
+      // compiles the same pattern with Oniguruma (Unicode White_Space), which splits text with
+      // U+0085 or U+FEFF differently; the reader follows the JS reference its cross-check runs
+      // (docs/cli.md, "tokenize"). kUnicode here would follow the Rust one.
       step.regex = std::make_shared<JsRegex>(
           "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+",
-          in.file(), field);
+          JsRegex::WhiteSpace::kEcmaScript, in.file(), field);
     }
     if (step.add_prefix_space) pipeline.prefixes_space = true;
   } else if (type == "Punctuation") {
     // Each punctuation character is a match; behavior (HuggingFace's default Isolated) says how
     // they are cut. transformers.js knows only runs ([^P]+|[P]+), which is Contiguous.
     step.kind = PreTokenizer::kPunctuation;
-    step.regex = std::make_shared<JsRegex>(kPunctuationClass, in.file(), field);
+    step.regex = std::make_shared<JsRegex>(kPunctuationClass, JsRegex::WhiteSpace::kEcmaScript,
+                                           in.file(), field);
     step.behavior = behavior_of(in.string_or(p, "behavior", field + ".behavior", "Isolated"),
                                 field + ".behavior", in);
   } else if (type == "Digits") {
-    // transformers.js: [^\d]+|\d+ (or \d alone with individual_digits); JS's \d is ASCII.
+    // transformers.js: [^\d]+|\d+ (or \d alone with individual_digits); JS's \d is ASCII, so
+    // the step cuts at ASCII digits (bpe_pre_tokenize.cpp finds them without a regex).
     step.kind = PreTokenizer::kDigits;
-    step.regex = std::make_shared<JsRegex>("\\d", in.file(), field);
     step.behavior = in.flag(p, "individual_digits", field + ".individual_digits", false)
                         ? SplitBehavior::kIsolated
                         : SplitBehavior::kContiguous;

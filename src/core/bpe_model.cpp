@@ -98,12 +98,13 @@ void BpeModel::read(const json& model, const JsonReader& in) {
   }
 }
 
-void BpeModel::set_byte_level(bool byte_level) {
+void BpeModel::set_byte_level(bool byte_level, bool full_vocab) {
   byte_level_ = byte_level;
   if (byte_level_) {
+    const auto& lookup = full_vocab ? vocab_ : model_vocab_;
     for (int b = 0; b < 256; ++b) {
-      auto it = model_vocab_.find(byte_level::utf8()[b]);
-      byte_symbol_[b] = it == model_vocab_.end() ? -1 : it->second;
+      auto it = lookup.find(byte_level::utf8()[b]);
+      byte_symbol_[b] = it == lookup.end() ? -1 : it->second;
     }
   }
 }

@@ -21,6 +21,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -101,7 +102,7 @@ struct Normalizer {
 
 struct PreTokenizer {
   enum Kind { kSplit, kByteLevel, kMetaspace, kPunctuation, kDigits } kind;
-  // Split; ByteLevel with use_regex; Punctuation and Digits: one punctuation character or digit
+  // Split; ByteLevel with use_regex; Punctuation: one punctuation character (Digits has none)
   std::shared_ptr<JsRegex> regex;
   std::string literal;                                // Split on a String pattern
   SplitBehavior behavior = SplitBehavior::kIsolated;  // Split, Punctuation, Digits
@@ -147,7 +148,23 @@ std::string replace_all(std::string_view text, std::string_view from, std::strin
 // Replaces every match of `regex` in `text` with `to`.
 std::string regex_replace_all(const JsRegex& regex, std::string_view text, std::string_view to);
 
-using Emit = std::function<void(std::string_view, bool /*at_start*/)>;
+// Where a step sends its pieces: a reference to a callable (piece, at_start), not a copy, so
+// passing one down the steps allocates nothing. It must not outlive the callable; every Emit here
+// is called only before the function it was passed to returns.
+class Emit {
+ public:
+  template <typename F, typename = std::enable_if_t<!std::is_same_v<std::decay_t<F>, Emit>>>
+  Emit(F&& f)  // NOLINT(google-explicit-constructor): lambdas convert where an Emit is taken
+      : object_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
+        call_([](void* object, std::string_view piece, bool at_start) {
+          (*static_cast<std::remove_reference_t<F>*>(object))(piece, at_start);
+        }) {}
+  void operator()(std::string_view piece, bool at_start) const { call_(object_, piece, at_start); }
+
+ private:
+  void* object_;
+  void (*call_)(void*, std::string_view, bool);
+};
 
 // Cuts `text` at the matches of a pattern as HuggingFace's SplitDelimiterBehavior says and emits
 // the non-empty pieces in order.
@@ -215,8 +232,11 @@ detail::SpecialIds guess_special_ids(const json& root, const JsonReader& in,
 class BpeModel {
  public:
   void read(const json& model, const JsonReader& in);
-  // Byte-level: a pre-token's bytes are looked up as GPT-2's byte characters.
-  void set_byte_level(bool byte_level);
+  // Byte-level: a pre-token's bytes are looked up as GPT-2's byte characters, in model.vocab
+  // alone (`full_vocab` false: what the merge loop has always done after a last ByteLevel step) or
+  // with the added tokens (true: exactly as the character-by-character lookup of the same
+  // pre-token written in byte characters, for pre-tokens mapped back from them).
+  void set_byte_level(bool byte_level, bool full_vocab = false);
 
   // An added token joins the lookup vocabulary (as in transformers.js, whose model maps them too).
   void add_token(const std::string& content, TokenId id) { vocab_[content] = id; }

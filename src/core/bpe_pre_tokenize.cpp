@@ -5,8 +5,8 @@
 // the pre-tokenizer steps cut it into pre-tokens, each step applied to every piece the previous
 // one produced (Split on a regex or a string with one of HuggingFace's five delimiter
 // behaviours, ByteLevel with GPT-2's split regex, Metaspace, Punctuation, Digits). The regexes run
-// in JsRegex, which gives them the semantics transformers.js gives them; nothing here uses
-// std::regex.
+// in JsRegex, which gives them the semantics the reference tokenizers give them (js_regex.hpp);
+// nothing here uses std::regex.
 #include <algorithm>
 
 #include "bpe_pipeline.hpp"
@@ -43,19 +43,61 @@ std::string regex_replace_all(const JsRegex& regex, std::string_view text, std::
 void split_with_behavior(std::string_view text, bool at_start,
                          const std::vector<std::pair<std::size_t, std::size_t>>& matches,
                          SplitBehavior behavior, bool invert, const Emit& emit) {
+  // Nothing to cut at (most pieces, for a Digits or Split step after another step): every
+  // behavior gives the whole piece, as the general case below would.
+  if (!invert && std::none_of(matches.begin(), matches.end(),
+                              [](const std::pair<std::size_t, std::size_t>& m) {
+                                return m.second > m.first;
+                              })) {
+    if (!text.empty()) emit(text, at_start);
+    return;
+  }
+  auto emit_piece = [&](std::size_t b, std::size_t e) {
+    if (e > b) emit(text.substr(b, e - b), at_start && b == 0);
+  };
+  // The segments in order: the text between matches (a match when inverted) and the matches.
+  auto for_each_segment = [&](auto&& on_segment) {
+    std::size_t prev = 0;
+    for (const auto& [b, e] : matches) {
+      if (e == b) continue;  // empty matches split nothing (as in transformers.js's regexSplit)
+      if (b > prev) on_segment(prev, b, invert);
+      on_segment(b, e, !invert);
+      prev = e;
+    }
+    if (prev < text.size()) on_segment(prev, text.size(), invert);
+  };
+  // Isolated and Contiguous (ByteLevel, Split, Punctuation and Digits as the families use them)
+  // emit as they go; the general case below gives the same pieces.
+  if (behavior == SplitBehavior::kIsolated) {
+    for_each_segment([&](std::size_t b, std::size_t e, bool) { emit_piece(b, e); });
+    return;
+  }
+  if (behavior == SplitBehavior::kContiguous) {
+    bool pending = false, pending_match = false;
+    std::size_t pending_begin = 0, pending_end = 0;
+    for_each_segment([&](std::size_t b, std::size_t e, bool is_match) {
+      if (pending && is_match && pending_match) {
+        pending_end = e;
+      } else {
+        if (pending) emit_piece(pending_begin, pending_end);
+        pending = true;
+        pending_begin = b;
+        pending_end = e;
+      }
+      pending_match = is_match;
+    });
+    if (pending) emit_piece(pending_begin, pending_end);
+    return;
+  }
+
   struct Segment {
     std::size_t begin, end;
     bool is_match;
   };
   std::vector<Segment> segments;
-  std::size_t prev = 0;
-  for (const auto& [b, e] : matches) {
-    if (e == b) continue;  // empty matches split nothing (as in transformers.js's regexSplit)
-    if (b > prev) segments.push_back({prev, b, invert});
-    segments.push_back({b, e, !invert});
-    prev = e;
-  }
-  if (prev < text.size()) segments.push_back({prev, text.size(), invert});
+  for_each_segment([&](std::size_t b, std::size_t e, bool is_match) {
+    segments.push_back({b, e, is_match});
+  });
 
   std::vector<std::pair<std::size_t, std::size_t>> pieces;
   bool previous_match = false;
@@ -65,8 +107,8 @@ void split_with_behavior(std::string_view text, bool at_start,
         if (!s.is_match) pieces.push_back({s.begin, s.end});
       break;
     case SplitBehavior::kIsolated:
-      for (const auto& s : segments) pieces.push_back({s.begin, s.end});
-      break;
+    case SplitBehavior::kContiguous:
+      break;  // emitted above
     case SplitBehavior::kMergedWithPrevious:
       for (const auto& s : segments) {
         if (s.is_match && !previous_match && !pieces.empty())
@@ -86,19 +128,8 @@ void split_with_behavior(std::string_view text, bool at_start,
       }
       std::reverse(pieces.begin(), pieces.end());
       break;
-    case SplitBehavior::kContiguous:
-      for (const auto& s : segments) {
-        if (s.is_match && previous_match && !pieces.empty())
-          pieces.back().second = s.end;
-        else
-          pieces.push_back({s.begin, s.end});
-        previous_match = s.is_match;
-      }
-      break;
   }
-  for (const auto& [b, e] : pieces) {
-    if (e > b) emit(text.substr(b, e - b), at_start && b == 0);
-  }
+  for (const auto& [b, e] : pieces) emit_piece(b, e);
 }
 
 std::string normalize(const std::vector<Normalizer>& normalizers, std::string_view text) {
@@ -134,9 +165,10 @@ void pre_tokenize(const std::vector<PreTokenizer>& steps, std::size_t step, std:
     return;
   }
   const PreTokenizer& p = steps[step];
-  const Emit next = [&](std::string_view sub, bool sub_at_start) {
+  const auto to_next_step = [&](std::string_view sub, bool sub_at_start) {
     pre_tokenize(steps, step + 1, sub, sub_at_start, emit);
   };
+  const Emit next = to_next_step;
   std::vector<std::pair<std::size_t, std::size_t>> matches;
   switch (p.kind) {
     case PreTokenizer::kSplit: {
@@ -164,9 +196,13 @@ void pre_tokenize(const std::vector<PreTokenizer>& steps, std::size_t step, std:
       // and transformers.js; the merge loop then reads the pre-tokens as vocabulary strings.
       // When it is last, pre-tokens stay raw bytes and the model maps them (same result).
       const bool last = step + 1 == steps.size();
-      const Emit out = last ? next : [&](std::string_view sub, bool sub_at_start) {
-        next(byte_level::encode(sub), sub_at_start);
+      std::string chars;  // one buffer for every piece's byte characters
+      const auto to_chars = [&](std::string_view sub, bool sub_at_start) {
+        chars.clear();
+        for (unsigned char b : sub) chars += byte_level::utf8()[b];
+        next(chars, sub_at_start);
       };
+      const Emit out = last ? next : Emit(to_chars);
       if (!p.regex) {
         out(text, at_start);
         return;
@@ -178,10 +214,17 @@ void pre_tokenize(const std::vector<PreTokenizer>& steps, std::size_t step, std:
       return;
     }
     case PreTokenizer::kPunctuation:
-    case PreTokenizer::kDigits:
       p.regex->for_each_match(piece, [&](std::size_t b, std::size_t e) {
         matches.push_back({b, e});
       });
+      split_with_behavior(piece, at_start, matches, p.behavior, false, next);
+      return;
+    case PreTokenizer::kDigits:
+      // Its regex is JS's \d, ASCII digits, one character a match: the digit bytes themselves
+      // (no byte of a longer UTF-8 sequence is below 0x80), found without running it.
+      for (std::size_t i = 0; i < piece.size(); ++i) {
+        if (piece[i] >= '0' && piece[i] <= '9') matches.push_back({i, i + 1});
+      }
       split_with_behavior(piece, at_start, matches, p.behavior, false, next);
       return;
     case PreTokenizer::kMetaspace: {

@@ -21,6 +21,7 @@
 #include <sstream>
 
 #include "bpe_pipeline.hpp"
+#include "byte_level.hpp"
 #include "tokenizer_config.hpp"
 
 namespace promptcache {
@@ -57,9 +58,23 @@ class BpeTokenizer final : public Tokenizer {
         }) > 1) {
       in.fail("pre_tokenizer", "more than one ByteLevel pre-tokenizer in the sequence");
     }
-    // A ByteLevel step before others (Falcon) hands them byte characters, and the merge loop gets
-    // vocabulary strings; a last one hands raw bytes, which the model maps itself (faster).
-    model_.set_byte_level(!pre.empty() && pre.back().kind == bpe::PreTokenizer::kByteLevel);
+    // A ByteLevel step before others (Falcon) hands them byte characters; a last one hands raw
+    // bytes, which the model maps itself (faster than looking characters up one by one). When
+    // only cutting steps (Split, Punctuation, Digits) follow it, every pre-token is still a run of
+    // whole byte characters, so it is mapped back to its bytes for the same fast path, with the
+    // same lookups (the added tokens included, as for characters). Anything else after it
+    // (Metaspace may add a character that stands for no byte) keeps the character path.
+    const auto byte_level = std::find_if(pre.begin(), pre.end(), [](const bpe::PreTokenizer& p) {
+      return p.kind == bpe::PreTokenizer::kByteLevel;
+    });
+    const bool last = byte_level != pre.end() && byte_level + 1 == pre.end();
+    decode_byte_chars_ = byte_level != pre.end() && !last &&
+                         std::all_of(byte_level + 1, pre.end(), [](const bpe::PreTokenizer& p) {
+                           return p.kind == bpe::PreTokenizer::kSplit ||
+                                  p.kind == bpe::PreTokenizer::kPunctuation ||
+                                  p.kind == bpe::PreTokenizer::kDigits;
+                         });
+    model_.set_byte_level(last || decode_byte_chars_, decode_byte_chars_);
     special_ = bpe::guess_special_ids(root, in, added_, model_.unk());
   }
 
@@ -145,8 +160,23 @@ class BpeTokenizer final : public Tokenizer {
   void encode_section(std::string_view text, bool first_section, std::vector<TokenId>& out) const {
     const std::string normalized = bpe::normalize(pipeline_.normalizers, text);
     if (normalized.empty()) return;
+    if (!decode_byte_chars_) {
+      bpe::pre_tokenize(pipeline_.pre, 0, normalized, first_section,
+                        [&](std::string_view piece, bool) { model_.encode_word(piece, out); });
+      return;
+    }
+    std::string bytes;
     bpe::pre_tokenize(pipeline_.pre, 0, normalized, first_section,
-                      [&](std::string_view piece, bool) { model_.encode_word(piece, out); });
+                      [&](std::string_view piece, bool) {
+                        bytes.clear();
+                        // Cutting steps keep whole characters, all of them byte characters.
+                        if (!byte_level::decode(piece, bytes)) {
+                          throw Error(ErrorKind::kTokenizer,
+                                      "internal error: a pre-token after ByteLevel has a "
+                                      "character that stands for no byte");
+                        }
+                        model_.encode_word(bytes, out);
+                      });
   }
 
   bpe::BpeModel model_;
@@ -155,6 +185,7 @@ class BpeTokenizer final : public Tokenizer {
   std::vector<std::string> pieces_;  // id -> stored form ("" for holes)
   std::vector<char> is_added_, is_special_;
   detail::SpecialIds special_;
+  bool decode_byte_chars_ = false;  // pre-tokens come as byte characters; the model takes bytes
 };
 
 // Line and column of a byte offset, for JSON syntax errors.

