@@ -39,6 +39,24 @@ torch::Tensor head_norm(const torch::Tensor& x, const torch::Tensor& weight, int
   return normed.view({b, n, heads * d});
 }
 
+torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight,
+                         const torch::Tensor& bias, double eps) {
+  auto f32 = [](const torch::Tensor& t) { return t.defined() ? t.to(torch::kFloat32) : t; };
+  auto y = at::layer_norm(f32(x), {x.size(-1)}, f32(weight), f32(bias), eps);
+  return y.to(x.scalar_type());
+}
+
+torch::Tensor slot_positions(const torch::Tensor& positions, const KVCache& cache, int64_t n) {
+  const int64_t b = cache.shape().batch, past = cache.length();
+  auto keys = torch::empty({b, past + n}, torch::kInt64);
+  for (int64_t r = 0; r < b; ++r) {
+    const auto& held = cache.row_positions(r);
+    if (past > 0) keys[r].narrow(0, 0, past).copy_(torch::tensor(held, torch::kInt64));
+  }
+  keys.narrow(1, past, n).copy_(positions.to(torch::kCPU, torch::kInt64).expand({b, n}));
+  return keys;
+}
+
 torch::Tensor rotate_half(const torch::Tensor& x) {
   const int64_t half = x.size(-1) / 2;
   return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "promptcache/model/config.hpp"
+#include "promptcache/model/kv_cache.hpp"
 #include "promptcache/model/llama.hpp"
 
 namespace promptcache::layer_ops {
@@ -22,6 +23,14 @@ torch::Tensor with_bias(torch::Tensor y, const torch::Tensor& bias);
 // RMSNorm over each head of a projection's output x [b, n, heads * d] (Qwen3's q_norm/k_norm).
 torch::Tensor head_norm(const torch::Tensor& x, const torch::Tensor& weight, int64_t heads,
                         double eps, bool small_ops);
+// LayerNorm over the last axis (BLOOM, MPT, Falcon), computed in f32; bias may be undefined.
+torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight,
+                         const torch::Tensor& bias, double eps);
+// The position of every slot a forward of n new tokens at `positions` ([b or 1, n]) attends to:
+// int64 [b, cache length + n] on the CPU, the cache's recorded positions of each batch row
+// (-1 for a slot the row leaves empty), then the new tokens'. What the sliding window and ALiBi
+// read.
+torch::Tensor slot_positions(const torch::Tensor& positions, const KVCache& cache, int64_t n);
 // HF's rotate_half: [-x2, x1] of the two halves of the last axis.
 torch::Tensor rotate_half(const torch::Tensor& x);
 // RoPE's inverse frequencies [head_dim / 2] (float32), rope_scaling applied.

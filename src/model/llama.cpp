@@ -21,9 +21,16 @@ using layer_ops::head_norm;
 using layer_ops::rms_norm;
 using layer_ops::rotate_half;
 using layer_ops::shape_string;
+using layer_ops::with_bias;
 
 std::pair<torch::Tensor, torch::Tensor> LlamaModel::rope_tables(
     const torch::Tensor& positions) const {
+  if (alibi_slopes_.defined()) {  // ALiBi: no rotation (x * 1 + rotate_half(x) * 0 is x)
+    auto shape = positions.sizes().vec();
+    shape.push_back(config_.head_dim);
+    const auto f32 = torch::TensorOptions().device(inv_freq_.device()).dtype(torch::kFloat32);
+    return {torch::ones(shape, f32), torch::zeros(shape, f32)};
+  }
   // As HF: float32 angles, then cos/sin, duplicated for the two rotated halves.
   auto freqs = positions.to(inv_freq_.device(), torch::kFloat32).unsqueeze(-1) * inv_freq_;
   auto emb = torch::cat({freqs, freqs}, -1);
@@ -98,6 +105,7 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
     // GGML blocks: only the looked-up rows are dequantized (the table stays in blocks).
     if (ggml::quant_type_of(embed_)) embedded = ggml::dequantize(embedded);
     x = embedded.view({b, n, config_.hidden_size}).to(choice_.compute);
+    if (embed_norm_.defined()) x = norm(x, embed_norm_, embed_norm_bias_, false);  // BLOOM
   }
   LayerInputs in;
   // A few rows on the CPU take the fused elementwise steps (promptcache/model/cpu_ops.hpp).
@@ -107,6 +115,11 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
   in.mask = mask;
   in.causal = !options.attention_mask.defined();
   in.open_slots = open_slots;
+  if (alibi_slopes_.defined()) {  // ALiBi: from the positions of the slots and the new tokens
+    in.key_positions =
+        layer_ops::slot_positions(positions, cache, n).to(options_.device, torch::kFloat32);
+    in.query_positions = positions.to(options_.device, torch::kFloat32).expand({b, n}).contiguous();
+  }
   auto [cos, sin] = rope_tables(positions);  // [b or 1, n, d]: one row may serve the batch
   if (in.small_ops) {
     in.cos = cos.expand({b, n, config_.head_dim}).contiguous();
@@ -115,10 +128,6 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
     in.cos = cos.unsqueeze(1).to(choice_.compute);
     in.sin = sin.unsqueeze(1).to(choice_.compute);
   }
-  auto norm = [&](const torch::Tensor& t, const torch::Tensor& weight) {
-    return in.small_ops ? cpu_rms_norm(t, weight, config_.rms_norm_eps)
-                        : rms_norm(t, weight, config_.rms_norm_eps);
-  };
   // x and the projections' outputs are this forward's own tensors: updated in place.
   // Layers with a sliding window: the same inputs, with the window in the mask.
   const LayerInputs in_window =
@@ -130,21 +139,28 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
     *options.attention_mass = torch::zeros({static_cast<int64_t>(layers_.size()), past + n},
                                            torch::TensorOptions(torch::kFloat32));
   }
+  const bool small = in.small_ops;
   for (std::size_t i = first_layer; i < run_layers; ++i) {
     const Layer& layer = layers_[i];
     const LayerInputs& layer_in = layer.sliding ? in_window : in;
+    const auto h = norm(x, layer.input_norm, layer.input_norm_bias, small);
+    torch::Tensor attended;
     if (options.attention_mass != nullptr) {
       LayerInputs with_mass = layer_in;
       with_mass.attention_mass = options.attention_mass->select(0, static_cast<int64_t>(i));
-      x.add_(
-          attention(layer, static_cast<int64_t>(i), norm(x, layer.input_norm), cache, with_mass));
+      attended = attention(layer, static_cast<int64_t>(i), h, cache, with_mass);
     } else {
-      x.add_(attention(layer, static_cast<int64_t>(i), norm(x, layer.input_norm), cache, layer_in));
+      attended = attention(layer, static_cast<int64_t>(i), h, cache, layer_in);
     }
-    auto h = norm(x, layer.post_norm);
-    auto gate = with_bias(linear_layer(h, layer.w_gate), layer.b_gate);
-    torch::silu_(gate).mul_(with_bias(linear_layer(h, layer.w_up), layer.b_up));
-    x.add_(with_bias(linear_layer(gate, layer.w_down), layer.b_down));
+    if (config_.traits.parallel_residual) {
+      // Falcon: the MLP reads the layer's input too (through its own norm, or the attention's).
+      const auto h_mlp =
+          layer.post_norm.defined() ? norm(x, layer.post_norm, layer.post_norm_bias, small) : h;
+      x.add_(attended).add_(mlp(layer, h_mlp));
+    } else {
+      x.add_(attended);
+      x.add_(mlp(layer, norm(x, layer.post_norm, layer.post_norm_bias, small)));
+    }
   }
   auto rows = positions.to(torch::kCPU, torch::kInt64).contiguous();
   auto row_positions = [&](int64_t r) {
@@ -156,8 +172,38 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& token_ids_in,
   for (int64_t r = 1; r < rows.size(0); ++r) cache.set_row_positions(r, past, row_positions(r));
   if (options.layers > 0) return x;  // hidden states, even when every layer ran
   if (!options.all_logits) x = x.narrow(1, n - 1, 1);
-  x = norm(x, final_norm_);
+  x = norm(x, final_norm_, final_norm_bias_, small);
   return linear_layer(x, lm_head_).to(torch::kFloat32);
+}
+
+torch::Tensor LlamaModel::norm(const torch::Tensor& x, const torch::Tensor& weight,
+                               const torch::Tensor& bias, bool small_ops) const {
+  const double eps = config_.rms_norm_eps;
+  switch (config_.traits.norm) {
+    case NormKind::kLayerNorm:
+      return layer_ops::layer_norm(x, weight, bias, eps);
+    case NormKind::kRms:
+      break;
+  }
+  return small_ops ? cpu_rms_norm(x, weight, eps) : rms_norm(x, weight, eps);
+}
+
+torch::Tensor LlamaModel::mlp(const Layer& layer, const torch::Tensor& h) const {
+  auto up = with_bias(linear_layer(h, layer.w_up), layer.b_up);
+  switch (config_.traits.mlp) {
+    case MlpKind::kGelu:
+      up = at::gelu(up);
+      break;
+    case MlpKind::kGeluTanh:
+      up = at::gelu(up, "tanh");
+      break;
+    case MlpKind::kGatedSilu: {
+      auto gate = with_bias(linear_layer(h, layer.w_gate), layer.b_gate);
+      up = torch::silu_(gate).mul_(up);
+      break;
+    }
+  }
+  return with_bias(linear_layer(up, layer.w_down), layer.b_down);
 }
 
 std::pair<torch::Tensor, torch::Tensor> LlamaModel::layer_key_values(
@@ -174,8 +220,8 @@ std::pair<torch::Tensor, torch::Tensor> LlamaModel::layer_key_values(
   const int64_t b = hidden.size(0), n = hidden.size(1), d = config_.head_dim;
   const int64_t hkv = config_.num_key_value_heads;
   auto positions = positions_in.dim() == 1 ? positions_in.unsqueeze(0) : positions_in;
-  auto x =
-      rms_norm(hidden.to(options_.device, choice_.compute), layer.input_norm, config_.rms_norm_eps);
+  auto x = norm(hidden.to(options_.device, choice_.compute), layer.input_norm,
+                layer.input_norm_bias, false);
   auto k = linear_layer(x, layer.wk);
   auto v = linear_layer(x, layer.wv);
   if (layer.bk.defined()) {
@@ -195,7 +241,9 @@ std::pair<torch::Tensor, torch::Tensor> LlamaModel::layer_key_values(
 double LlamaModel::prefill_flops(int64_t n, int64_t context) const {
   const double h = config_.hidden_size, d = config_.head_dim, f = config_.intermediate_size;
   const double hq = config_.num_attention_heads, hkv = config_.num_key_value_heads;
-  const double per_token_matmul = 2.0 * (h * hq * d + 2.0 * h * hkv * d + hq * d * h + 3.0 * h * f);
+  const double mlp_matrices = config_.traits.mlp == MlpKind::kGatedSilu ? 3.0 : 2.0;
+  const double per_token_matmul =
+      2.0 * (h * hq * d + 2.0 * h * hkv * d + hq * d * h + mlp_matrices * h * f);
   // Each token i attends to context + i + 1 slots: QK^T and PV, 2 FLOPs per multiply-add.
   const double attended = n * static_cast<double>(context) + n * (n + 1) / 2.0;
   const double attention = 4.0 * hq * d * attended;

@@ -2,7 +2,9 @@
 // (cpu_attention.hpp) block by block, KV heads split over threads with library calls, the
 // blocked library attention (also the path that reports attention mass), and LibTorch 2.x's
 // scaled_dot_product_attention; and the sliding window's mask. Every path takes the same
-// LayerInputs, so what a layer sees does not depend on which path runs it.
+// LayerInputs, so what a layer sees does not depend on which path runs it: ALiBi included,
+// whose bias each path computes from the same slot and query positions (alibi_scores below,
+// the kernel's AttentionBias).
 #include "promptcache/model/llama.hpp"
 
 #include <ATen/ATen.h>
@@ -34,6 +36,20 @@ namespace {
 // the blocked attention.
 constexpr int64_t kFewQueriesMaxTokens = 64;
 
+// ALiBi's addition to the scores of query tokens [q0, q0 + rows) over slots [0, visible):
+// [b, kv_heads, groups * rows, visible] f32 (rows group-major, as the attention stacks them),
+// slope of the row's query head times (slot position - query position). slopes [heads],
+// key_positions [b, slots], query_positions [b, n], f32 on one device.
+torch::Tensor alibi_scores(const torch::Tensor& slopes, const torch::Tensor& key_positions,
+                           const torch::Tensor& query_positions, int64_t hkv, int64_t q0,
+                           int64_t rows, int64_t visible) {
+  const int64_t b = key_positions.size(0), groups = slopes.size(0) / hkv;
+  auto keys = key_positions.narrow(1, 0, visible).reshape({b, 1, 1, 1, visible});
+  auto queries = query_positions.narrow(1, q0, rows).reshape({b, 1, 1, rows, 1});
+  return (slopes.view({1, hkv, groups, 1, 1}) * (keys - queries))
+      .view({b, hkv, groups * rows, visible});
+}
+
 // Attention of a few (pre-scaled) query rows per KV head over every slot with library calls, the
 // KV heads shared out among `threads` threads: the fallback of the fused kernel (bf16 on the CPU,
 // head sizes that are not a multiple of 8). OpenBLAS runs single-threaded meanwhile (each thread
@@ -43,7 +59,7 @@ constexpr int64_t kFewQueriesMaxTokens = 64;
 // by every row.
 torch::Tensor attend_split_heads(const torch::Tensor& qg, const torch::Tensor& keys,
                                  const torch::Tensor& values, const torch::Tensor& mask,
-                                 int64_t open, int threads) {
+                                 int64_t open, int threads, const torch::Tensor& alibi) {
   const int64_t b = qg.size(0), hkv = qg.size(1), rows = qg.size(2), d = qg.size(3);
   const int64_t slots = keys.size(2);
   auto out = torch::empty({b, hkv, rows, d}, qg.options());
@@ -66,6 +82,7 @@ torch::Tensor attend_split_heads(const torch::Tensor& qg, const torch::Tensor& k
         at::AutoGradMode grad_mode(grad);
         auto scores = at::mm(qg[bi][h], keys[bi][h].t());
         if (scores.scalar_type() != torch::kFloat32) scores = scores.to(torch::kFloat32);
+        if (alibi.defined()) scores.add_(alibi[bi][h]);
         if (closed.defined()) {
           scores.view({rows / n, n, slots})
               .narrow(-1, open, slots - open)
@@ -97,10 +114,11 @@ constexpr int64_t kFusedBlockTokens = 64;
 // the last one any row sees (and at least the `open` ones), then the new tokens' slots [past,
 // total) up to the last one any row sees. For recompute.hpp's forward (chosen slots in position
 // order among the stored ones), a block's rows see only the slots before their positions, so it
-// reads about the prefix they can see instead of the whole assembled cache. `slots` and `mask`
-// ([.., rows, total]) are narrowed to those columns.
-void bound_block_columns(std::vector<KVSegment>& slots, torch::Tensor& mask, int64_t past,
-                         int64_t& open) {
+// reads about the prefix they can see instead of the whole assembled cache. `slots`, `mask`
+// ([.., rows, total]) and, where defined, the ALiBi slot positions `keys` ([b, total]) are
+// narrowed to those columns.
+void bound_block_columns(std::vector<KVSegment>& slots, torch::Tensor& mask, torch::Tensor& keys,
+                         int64_t past, int64_t& open) {
   const int64_t total = mask.size(-1);
   auto seen = mask.reshape({-1, total}).any(0).to(torch::kCPU).contiguous();
   const bool* v = seen.data_ptr<bool>();
@@ -122,12 +140,16 @@ void bound_block_columns(std::vector<KVSegment>& slots, torch::Tensor& mask, int
   for (auto& s : slot_range(slots, past, hi_new)) kept.push_back(std::move(s));
   slots = std::move(kept);
   mask = torch::cat({mask.narrow(-1, 0, hi_past), mask.narrow(-1, past, hi_new)}, -1);
+  if (keys.defined()) {
+    keys = torch::cat({keys.narrow(-1, 0, hi_past), keys.narrow(-1, past, hi_new)}, -1);
+  }
   open = std::min(open, hi_past);
 }
 
+// `bias`: ALiBi over all n query tokens and every slot (AttentionBias), or undefined.
 torch::Tensor attend_fused_blocks(const torch::Tensor& q, const std::vector<KVSegment>& slots,
                                   const torch::Tensor& mask, bool causal, int64_t past,
-                                  int64_t open_slots, int threads) {
+                                  int64_t open_slots, int threads, const AttentionBias& bias) {
   const int64_t b = q.size(0), hq = q.size(1), n = q.size(2), d = q.size(3);
   const int64_t hkv = slots.front().keys.size(1), groups = hq / hkv;
   int64_t total = 0;
@@ -135,7 +157,7 @@ torch::Tensor attend_fused_blocks(const torch::Tensor& q, const std::vector<KVSe
   const bool bounded = !causal && mask.defined();  // blocks read only the columns they see
   if (n <= kFusedBlockTokens && !bounded) {        // one block: the kernel's output is the result
     return attend_few_queries(q.reshape({b, hkv, groups * n, d}), slots, mask,
-                              causal ? past : open_slots, threads)
+                              causal ? past : open_slots, threads, bias)
         .view({b, hq, n, d});
   }
   auto out = torch::empty({b, hq, n, d}, q.options());
@@ -147,9 +169,15 @@ torch::Tensor attend_fused_blocks(const torch::Tensor& q, const std::vector<KVSe
     // Under the causal rule row i0 sees every slot before past + i0.
     int64_t open = causal ? past + i0 : std::min(open_slots, visible);
     auto block_slots = first_slots(slots, visible);
-    if (bounded) bound_block_columns(block_slots, block_mask, past, open);
+    AttentionBias block_bias;
+    if (bias.defined()) {
+      block_bias.slopes = bias.slopes;
+      block_bias.key_positions = bias.key_positions.narrow(-1, 0, visible);
+      block_bias.query_positions = bias.query_positions.narrow(-1, i0, rows);
+    }
+    if (bounded) bound_block_columns(block_slots, block_mask, block_bias.key_positions, past, open);
     auto block = attend_few_queries(q.narrow(2, i0, rows).reshape({b, hkv, groups * rows, d}),
-                                    block_slots, block_mask, open, threads);
+                                    block_slots, block_mask, open, threads, block_bias);
     out.narrow(2, i0, rows).copy_(block.view({b, hq, rows, d}));
   }
   return out;
@@ -223,6 +251,7 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
   // Grouped-query attention without copying K/V: the query heads that share a KV head are
   // stacked along the row axis, so one matmul per KV head serves the whole group.
   torch::Tensor out;
+  const bool alibi = in.key_positions.defined();
 #if TORCH_VERSION_MAJOR >= 2
   if (sdpa_ && !in.attention_mass.defined()) {
     auto qg = q.reshape({b, hkv, groups * n, d});
@@ -230,9 +259,20 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
     c10::optional<torch::Tensor> grouped_mask;
     // Rows are group-major (g * n + i), so the mask repeats along the row axis; a per-batch-row
     // mask [b, n, slots] becomes [b, 1, groups * n, slots], broadcast over the KV heads.
+    torch::Tensor grouped;
     if (mask.defined()) {
-      grouped_mask =
+      grouped =
           mask.dim() == 3 ? mask.repeat({1, groups, 1}).unsqueeze(1) : mask.repeat({groups, 1});
+      grouped_mask = grouped;
+    }
+    // ALiBi: an additive mask, the bias where the bool mask lets a row see, -inf elsewhere.
+    if (alibi) {
+      auto additive =
+          alibi_scores(alibi_slopes_, in.key_positions, in.query_positions, hkv, 0, n, total);
+      if (grouped.defined()) {
+        additive.masked_fill_(grouped.logical_not(), -std::numeric_limits<float>::infinity());
+      }
+      grouped_mask = additive.to(qg.scalar_type());
     }
     out = at::scaled_dot_product_attention(qg, keys, values, grouped_mask);
     // reshape, not view: the fused CUDA kernels may return [b, rows, heads, d] memory seen as
@@ -255,11 +295,17 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
                            cpu_linear_kernel() != CpuLinearKernel::kNone;
   if (fused) {
     // For a few fresh tokens in one block, for longer inputs block by block.
+    AttentionBias bias;
+    if (alibi) bias = {alibi_slopes_, in.key_positions, in.query_positions};
     out = attend_fused_blocks(q, cache.segments(index, total), mask, causal, past, open_slots,
-                              threads);
+                              threads, bias);
   } else if (split_heads) {
+    torch::Tensor bias;
+    if (alibi) {
+      bias = alibi_scores(alibi_slopes_, in.key_positions, in.query_positions, hkv, 0, n, total);
+    }
     out = attend_split_heads(q.reshape({b, hkv, groups * n, d}), keys, values, mask,
-                             causal ? past : open_slots, threads);
+                             causal ? past : open_slots, threads, bias);
   } else if (n > kBlock) {
     out = torch::empty({b, hq, n, d}, q.options());
   }
@@ -269,6 +315,10 @@ torch::Tensor LlamaModel::attention(const Layer& layer, int64_t index, const tor
     auto qb = q.narrow(2, i0, rows).reshape({b, hkv, groups * rows, d});
     auto scores = torch::matmul(qb, keys.narrow(2, 0, visible).transpose(-1, -2));
     if (scores.scalar_type() != torch::kFloat32) scores = scores.to(torch::kFloat32);
+    if (alibi) {
+      scores.add_(alibi_scores(alibi_slopes_, in.key_positions, in.query_positions, hkv, i0, rows,
+                               visible));
+    }
     // Slots every row of this block sees need no masking: only the rest of the columns is
     // filled (for fresh tokens over assembled modules, that is a few columns out of thousands).
     // (Under the causal rule row i0 already sees every slot before past + i0.)
@@ -302,14 +352,7 @@ LlamaModel::LayerInputs LlamaModel::windowed(const LayerInputs& full,
   const int64_t b = cache.shape().batch, past = cache.length();
   // Each row's slot positions: the cache's, then the new tokens'.
   auto query = positions.to(torch::kCPU, torch::kInt64).expand({b, n}).contiguous();
-  auto keys = torch::empty({b, past + n}, torch::kInt64);
-  for (int64_t r = 0; r < b; ++r) {
-    const auto& held = cache.row_positions(r);
-    if (past > 0) {
-      keys[r].narrow(0, 0, past).copy_(torch::tensor(held, torch::kInt64));
-    }
-  }
-  keys.narrow(1, past, n).copy_(query);
+  auto keys = layer_ops::slot_positions(positions, cache, n);
   // A slot position of -1 is a slot a batch row leaves empty: the caller's mask hides it anyway.
   auto visible = keys.unsqueeze(1) > (query - window).unsqueeze(2);  // [b, n, past + n]
   if (visible.all().item<bool>()) return full;

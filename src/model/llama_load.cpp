@@ -11,6 +11,7 @@
 #include <exception>
 #include <filesystem>
 
+#include "families/family_weights.hpp"
 #include "layer_ops.hpp"
 #include "promptcache/error.hpp"
 #include "promptcache/model/ggml_quant.hpp"
@@ -216,10 +217,14 @@ std::unique_ptr<LlamaModel> LlamaModel::load(const std::string& dir, const LoadO
 }
 
 std::unique_ptr<LlamaModel> LlamaModel::from_tensors(const ModelConfig& config,
-                                                     const std::map<std::string, torch::Tensor>& w,
+                                                     const std::map<std::string, torch::Tensor>& in,
                                                      const LoadOptions& options,
                                                      const std::string& origin) {
   config.validate(origin);
+  // A BLOOM, MPT or Falcon checkpoint under the layer's names (families/family_weights.hpp).
+  const std::map<std::string, torch::Tensor> renamed =
+      family_weights::layer_tensors(config, in, origin);
+  const auto& w = renamed;
   const auto [stored, mixed] = checkpoint_dtype(w);
   DtypeChoice choice = choose_dtypes(stored, options);
   choice.mixed = mixed;
@@ -313,6 +318,12 @@ std::unique_ptr<LlamaModel> LlamaModel::from_tensors(const ModelConfig& config,
   const int64_t hq = config.num_attention_heads, hkv = config.num_key_value_heads;
   m->embed_ = take("model.embed_tokens.weight", {config.vocab_size, h});
   m->final_norm_ = take("model.norm.weight", {h});
+  const FamilyTraits& t = config.traits;
+  if (t.norm_bias) m->final_norm_bias_ = take("model.norm.bias", {h});
+  if (t.embed_norm) {
+    m->embed_norm_ = take("model.embed_norm.weight", {h});
+    if (t.norm_bias) m->embed_norm_bias_ = take("model.embed_norm.bias", {h});
+  }
   if (!config.tie_word_embeddings && w.count("lm_head.weight")) {
     m->lm_head_ = take("lm_head.weight", {config.vocab_size, h});
   } else if (!config.tie_word_embeddings) {
@@ -326,15 +337,18 @@ std::unique_ptr<LlamaModel> LlamaModel::from_tensors(const ModelConfig& config,
     const std::string p = "model.layers." + std::to_string(i) + ".";
     Layer l;
     l.input_norm = take(p + "input_layernorm.weight", {h});
-    l.post_norm = take(p + "post_attention_layernorm.weight", {h});
+    if (t.norm_bias) l.input_norm_bias = take(p + "input_layernorm.bias", {h});
+    if (t.mlp_norm) {
+      l.post_norm = take(p + "post_attention_layernorm.weight", {h});
+      if (t.norm_bias) l.post_norm_bias = take(p + "post_attention_layernorm.bias", {h});
+    }
     l.wq = take(p + "self_attn.q_proj.weight", {hq * d, h});
     l.wk = take(p + "self_attn.k_proj.weight", {hkv * d, h});
     l.wv = take(p + "self_attn.v_proj.weight", {hkv * d, h});
     l.wo = take(p + "self_attn.o_proj.weight", {h, hq * d});
-    l.w_gate = take(p + "mlp.gate_proj.weight", {f, h});
+    if (t.mlp == MlpKind::kGatedSilu) l.w_gate = take(p + "mlp.gate_proj.weight", {f, h});
     l.w_up = take(p + "mlp.up_proj.weight", {f, h});
     l.w_down = take(p + "mlp.down_proj.weight", {h, f});
-    const FamilyTraits& t = config.traits;
     if (t.qkv_bias) {
       l.bq = take(p + "self_attn.q_proj.bias", {hq * d});
       l.bk = take(p + "self_attn.k_proj.bias", {hkv * d});
@@ -342,7 +356,7 @@ std::unique_ptr<LlamaModel> LlamaModel::from_tensors(const ModelConfig& config,
     }
     if (t.o_bias) l.bo = take(p + "self_attn.o_proj.bias", {h});
     if (t.mlp_bias) {
-      l.b_gate = take(p + "mlp.gate_proj.bias", {f});
+      if (l.w_gate.defined()) l.b_gate = take(p + "mlp.gate_proj.bias", {f});
       l.b_up = take(p + "mlp.up_proj.bias", {f});
       l.b_down = take(p + "mlp.down_proj.bias", {h});
     }
@@ -354,6 +368,12 @@ std::unique_ptr<LlamaModel> LlamaModel::from_tensors(const ModelConfig& config,
     m->layers_.push_back(std::move(l));
   }
   m->inv_freq_ = inverse_frequencies(config).to(options.device);
+  if (t.position == PositionKind::kAlibi) {
+    const auto slopes = promptcache::alibi_slopes(hq, t.alibi_bias_max);
+    m->alibi_slopes_ =
+        torch::tensor(std::vector<float>(slopes.begin(), slopes.end()), torch::kFloat32)
+            .to(options.device);
+  }
   return m;
 }
 
@@ -367,12 +387,30 @@ int64_t LlamaModel::weight_bytes() const {
   auto bytes = [](const torch::Tensor& t) {
     return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : int64_t{0};
   };
-  int64_t total = bytes(embed_) + bytes(final_norm_);
+  int64_t total = bytes(embed_) + bytes(final_norm_) + bytes(final_norm_bias_) +
+                  bytes(embed_norm_) + bytes(embed_norm_bias_);
   if (!lm_head_.is_same(embed_)) total += bytes(lm_head_);
   for (const Layer& l : layers_) {
-    for (const torch::Tensor* t :
-         {&l.input_norm, &l.post_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down,
-          &l.bq, &l.bk, &l.bv, &l.bo, &l.b_gate, &l.b_up, &l.b_down, &l.q_norm, &l.k_norm}) {
+    for (const torch::Tensor* t : {&l.input_norm,
+                                   &l.post_norm,
+                                   &l.input_norm_bias,
+                                   &l.post_norm_bias,
+                                   &l.wq,
+                                   &l.wk,
+                                   &l.wv,
+                                   &l.wo,
+                                   &l.w_gate,
+                                   &l.w_up,
+                                   &l.w_down,
+                                   &l.bq,
+                                   &l.bk,
+                                   &l.bv,
+                                   &l.bo,
+                                   &l.b_gate,
+                                   &l.b_up,
+                                   &l.b_down,
+                                   &l.q_norm,
+                                   &l.k_norm}) {
       total += bytes(*t);
     }
   }

@@ -26,14 +26,22 @@ inline typename Vec::Reg exp_nonpositive(typename Vec::Reg x) {
 }
 
 // The scores st[j][r] (row r0 + r of `a` in lane r, RV vectors of rows, ld = RV * kWidth apart)
-// masked as `a` says, then replaced by their softmax numerators e^(s - row max); scale[r] gets
-// 1 / the row's sum, 0 for a row that sees no slot. Each lane's steps use only its own row.
+// with `a`'s ALiBi added and masked as `a` says, then replaced by their softmax numerators
+// e^(s - row max); scale[r] gets 1 / the row's sum, 0 for a row that sees no slot. Each lane's
+// steps use only its own row.
 template <int RV>
 inline void lane_softmax(const promptcache::kernels::AttendArgs& a, Index r0, Index rows, float* st,
                          float* scale) {
   constexpr Index ld = RV * Vec::kWidth;
   constexpr float kNegInf = -__builtin_inff();
   const Index slots = a.slots;
+  if (a.slopes != nullptr) {  // ALiBi: each row's slope times the key's distance from it
+    for (Index r = 0; r < rows; ++r) {
+      const float slope = a.slopes[(r0 + r) / a.tokens];
+      const float query = a.query_pos[(r0 + r) % a.tokens];
+      for (Index j = 0; j < slots; ++j) st[j * ld + r] += slope * (a.key_pos[j] - query);
+    }
+  }
   if (a.mask != nullptr) {
     for (Index j = a.open; j < slots; ++j) {
       for (Index r = 0; r < rows; ++r) {
