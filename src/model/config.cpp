@@ -160,6 +160,15 @@ const FamilyConfig* find_model_type(const std::string& model_type) {
   return nullptr;
 }
 
+int64_t scaled_size(int64_t value, int64_t factor, const char* field, const std::string& origin) {
+  constexpr int64_t kLimit = int64_t{1} << 40;
+  if (value <= 0 || factor <= 0 || value > kLimit / factor) {
+    fail(origin, std::string("field '") + field + "' (" + std::to_string(value) +
+                     ") must be positive and at most " + std::to_string(kLimit / factor));
+  }
+  return value * factor;
+}
+
 int64_t integer_of(const Reader& r, std::initializer_list<const char*> keys) {
   for (const char* key : keys) {
     if (r.has(key)) return r.integer(key);

@@ -428,6 +428,16 @@ TEST_CASE("config.json of BLOOM, MPT and Falcon", "[config][families][alibi]") {
   refused(R"({"architectures": ["BloomForCausalLM"], "hidden_size": 64, "n_head": 4,
               "vocab_size": 10})",
           "n_layer");
+  // Sizes whose products would overflow (4 x hidden, expansion_ratio x d_model).
+  refused(R"({"architectures": ["BloomForCausalLM"], "hidden_size": 4611686018427387904,
+              "n_layer": 2, "n_head": 4, "vocab_size": 10})",
+          "hidden_size");
+  refused(R"({"architectures": ["MPTForCausalLM"], "d_model": 64, "n_heads": 4, "n_layers": 2,
+              "vocab_size": 10, "expansion_ratio": 4611686018427387904})",
+          "expansion_ratio");
+  refused(R"({"architectures": ["MPTForCausalLM"], "d_model": 4611686018427387904, "n_heads": 4,
+              "n_layers": 2, "vocab_size": 10, "expansion_ratio": 4})",
+          "d_model");
 }
 
 TEST_CASE("BLOOM, MPT and Falcon forwards equal their plain references, in every path",

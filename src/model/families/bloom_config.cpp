@@ -20,7 +20,7 @@ void read_bloom(const config_reader::Reader& r, ModelConfig& c, const std::strin
                      std::to_string(c.hidden_size) + ")");
   }
   c.head_dim = c.hidden_size / c.num_attention_heads;
-  c.intermediate_size = 4 * c.hidden_size;
+  c.intermediate_size = scaled_size(c.hidden_size, 4, "hidden_size", origin);
   c.vocab_size = r.integer("vocab_size");
   // ALiBi has no trained length; seq_length is the one BLOOM was trained at.
   c.max_position_embeddings = r.integer("seq_length", 2048);

@@ -24,7 +24,9 @@ void read_falcon(const Reader& r, ModelConfig& c, const std::string& origin) {
                      std::to_string(c.hidden_size) + ")");
   }
   c.head_dim = c.hidden_size / c.num_attention_heads;
-  c.intermediate_size = r.integer("ffn_hidden_size", 4 * c.hidden_size);
+  c.intermediate_size = r.has("ffn_hidden_size")
+                            ? r.integer("ffn_hidden_size")
+                            : scaled_size(c.hidden_size, 4, "hidden_size", origin);
   c.vocab_size = r.integer("vocab_size");
   c.max_position_embeddings = r.integer("max_position_embeddings", 2048);
   c.rms_norm_eps = r.number("layer_norm_epsilon", 1e-5);

@@ -32,6 +32,10 @@ const FamilyConfig* find(const std::string& architecture);
 // The family whose model_type this is; nullptr otherwise.
 const FamilyConfig* find_model_type(const std::string& model_type);
 
+// `value` (config.json's field `field`) times `factor`, Error(kModel) naming the field when the
+// product would leave 2^40 (far above any model's sizes; a fuzzed config.json must not overflow).
+int64_t scaled_size(int64_t value, int64_t factor, const char* field, const std::string& origin);
+
 // The first of `keys` present (not null) as an integer; Error(kModel) naming the first key when
 // none is.
 int64_t integer_of(const config_reader::Reader& r, std::initializer_list<const char*> keys);

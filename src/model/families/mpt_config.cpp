@@ -23,9 +23,8 @@ void read_mpt(const Reader& r, ModelConfig& c, const std::string& origin) {
                      std::to_string(c.hidden_size) + ")");
   }
   c.head_dim = c.hidden_size / c.num_attention_heads;
-  const int64_t ratio = r.integer("expansion_ratio", 4);
-  if (ratio <= 0) fail(origin, "field 'expansion_ratio' must be positive");
-  c.intermediate_size = ratio * c.hidden_size;
+  const int64_t ratio = scaled_size(r.integer("expansion_ratio", 4), 1, "expansion_ratio", origin);
+  c.intermediate_size = scaled_size(c.hidden_size, ratio, "d_model", origin);
   c.vocab_size = r.integer("vocab_size");
   c.max_position_embeddings = r.integer("max_seq_len", 2048);
   c.rms_norm_eps = r.number("layer_norm_epsilon", 1e-5);
