@@ -244,6 +244,14 @@ std::vector<Variant> variants() {
                        "attn_config": {"alibi": true, "alibi_bias_max": 16}})",
                    "mpt6")),
                mpt_reference});
+  // Heads of 12: no fused kernel takes them, so a few tokens go through the KV heads split over
+  // threads with library calls (attend_split_heads) while the kernels are on.
+  v.push_back({"mpt-head-12",
+               small_vocab(ModelConfig::from_json_string(
+                   R"({"architectures": ["MPTForCausalLM"], "d_model": 48, "n_layers": 2,
+                       "n_heads": 4, "expansion_ratio": 4, "vocab_size": 97})",
+                   "mpt12")),
+               mpt_reference});
   auto falcon = [](bool new_arch, bool multi_query, bool parallel, int norms) {
     return [=](const ModelConfig& c, const Weights& w, const std::vector<int64_t>& ids,
                const std::vector<int64_t>& pos, const std::vector<std::vector<bool>>& mask) {
