@@ -36,10 +36,23 @@ inline void lane_softmax(const promptcache::kernels::AttendArgs& a, Index r0, In
   constexpr float kNegInf = -__builtin_inff();
   const Index slots = a.slots;
   if (a.slopes != nullptr) {  // ALiBi: each row's slope times the key's distance from it
-    for (Index r = 0; r < rows; ++r) {
-      const float slope = a.slopes[(r0 + r) / a.tokens];
-      const float query = a.query_pos[(r0 + r) % a.tokens];
-      for (Index j = 0; j < slots; ++j) st[j * ld + r] += slope * (a.key_pos[j] - query);
+    // Each lane's slope and query position (padding lanes get slope 0: their scores stay).
+    float slope[ld], query[ld];
+    for (Index r = 0; r < ld; ++r) {
+      slope[r] = r < rows ? a.slopes[(r0 + r) / a.tokens] : 0.0f;
+      query[r] = r < rows ? a.query_pos[(r0 + r) % a.tokens] : 0.0f;
+    }
+    typename Vec::Reg sv[RV], qv[RV];
+    for (int c = 0; c < RV; ++c) {
+      sv[c] = Vec::load(slope + c * Vec::kWidth);
+      qv[c] = Vec::load(query + c * Vec::kWidth);
+    }
+    for (Index j = 0; j < slots; ++j) {
+      const typename Vec::Reg key = Vec::set1(a.key_pos[j]);
+      for (int c = 0; c < RV; ++c) {
+        float* at = st + j * ld + c * Vec::kWidth;
+        Vec::store(at, Vec::fma(sv[c], Vec::sub(key, qv[c]), Vec::load(at)));
+      }
     }
   }
   if (a.mask != nullptr) {
