@@ -1,7 +1,8 @@
-// llama.cpp — the forward pass of the Llama-layer families: embedding, the layers (attention in
-// llama_attention.cpp, MLP here), the final norm and the logits; the RoPE tables; the keys and
-// values of one layer for recompute.hpp; the FLOP count. Loading is in llama_load.cpp, the
-// shared layer pieces in layer_ops.cpp.
+// llama.cpp — the forward pass of every family LlamaModel runs: embedding (and BLOOM's norm on
+// it), the layers (attention in llama_attention.cpp; the family's norm and MLP here, one after
+// the other or in parallel as FamilyTraits say), the final norm and the logits; the RoPE tables
+// (identity under ALiBi); the keys and values of one layer for recompute.hpp; the FLOP count.
+// Loading is in llama_load.cpp, the shared layer pieces in layer_ops.cpp.
 #include "promptcache/model/llama.hpp"
 
 #include <ATen/ATen.h>

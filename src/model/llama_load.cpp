@@ -1,8 +1,9 @@
 // llama_load.cpp — making a LlamaModel: the dtype rule (choose_dtypes, checkpoint_dtype and the
 // device/dtype parsers), reading a HF folder or a GGUF file, and from_tensors, which checks every
 // tensor against the config and keeps it in the dtype the rule chose (mapped, converted or
-// quantized). Separate from the forward pass: loading decides what the layers hold, the forward
-// only reads it.
+// quantized), after a BLOOM, MPT or Falcon checkpoint is read under the layer's names
+// (families/family_weights.hpp). Separate from the forward pass: loading decides what the layers
+// hold, the forward only reads it.
 #include "promptcache/model/llama.hpp"
 
 #include <ATen/ATen.h>
