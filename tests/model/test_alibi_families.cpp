@@ -335,7 +335,7 @@ TEST_CASE("ALiBi slopes follow BLOOM's and MPT's definitions", "[config][alibi]"
   for (int i = 0; i < 8; ++i) CHECK(mpt8[i] == std::pow(2.0, -(i + 1)));
 }
 
-TEST_CASE("config.json of BLOOM, MPT and Falcon", "[config][families][alibi]") {
+TEST_CASE("config.json of BLOOM and MPT and Falcon", "[config][families][alibi]") {
   // bigscience/bloom-560m (n_embed, no hidden_size).
   const auto bloom = ModelConfig::from_json_string(
       R"({"architectures": ["BloomForCausalLM"], "model_type": "bloom", "n_embed": 1024,
@@ -448,7 +448,7 @@ TEST_CASE("config.json of BLOOM, MPT and Falcon", "[config][families][alibi]") {
           "d_model");
 }
 
-TEST_CASE("BLOOM, MPT and Falcon forwards equal their plain references, in every path",
+TEST_CASE("BLOOM and MPT and Falcon forwards equal their plain references in every path",
           "[llama][families][alibi]") {
   test::KernelGuard guard;
   for (const Variant& v : variants()) {
@@ -494,7 +494,7 @@ TEST_CASE("BLOOM, MPT and Falcon forwards equal their plain references, in every
   }
 }
 
-TEST_CASE("BLOOM, MPT and Falcon: incremental decoding equals one full pass",
+TEST_CASE("BLOOM and MPT and Falcon: incremental decoding equals one full pass",
           "[llama][families][alibi]") {
   for (const Variant& v : variants()) {
     INFO(v.name);
@@ -565,7 +565,7 @@ TEST_CASE("ALiBi: a module compiled at two reserved offsets is reused exactly at
   }
 }
 
-TEST_CASE("make-model's BLOOM, MPT and Falcon shapes load as their family",
+TEST_CASE("make-model's BLOOM and MPT and Falcon shapes load as their family",
           "[llama][families][alibi]") {
   for (const std::string shape : {"bloom-tiny", "mpt-tiny", "falcon-tiny"}) {
     INFO(shape);
