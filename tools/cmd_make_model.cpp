@@ -27,7 +27,7 @@ Command register_make_model(CLI::App& root) {
       "--out /tmp/q3");
   app->add_option("--shape", o->shape,
                   "tiny | bench-small | tinyllama-1.1b | qwen2-tiny | qwen3-tiny | llama3-tiny | "
-                  "mistral-tiny")
+                  "mistral-tiny | bloom-tiny | mpt-tiny | falcon-tiny")
       ->capture_default_str()
       ->check(CLI::IsMember(synthetic_shapes()));
   app->add_option("--out,-o", o->out, "output folder")->required();

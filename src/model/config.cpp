@@ -1,11 +1,17 @@
-// config.cpp — HF config.json parsing and writing for the Llama-layer families (Llama, Mistral,
-// Qwen2, Qwen3): one place that turns each family's fields into FamilyTraits.
+// config.cpp — HF config.json parsing and writing: the Llama-layer families' keys (Llama,
+// Mistral, Qwen2, Qwen3) turned into FamilyTraits here, the other families' (BLOOM, MPT, Falcon)
+// by their units in families/*_config.cpp; the keys every family shares, the ALiBi slopes and
+// the checks of the result (validate) for all of them.
 #include "promptcache/model/config.hpp"
 
+#include "config_reader.hpp"
+#include "families/family_configs.hpp"
 #include "promptcache/error.hpp"
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -13,6 +19,8 @@ namespace promptcache {
 namespace {
 
 using json = nlohmann::json;
+using config_reader::fail;
+using config_reader::Reader;
 
 struct Arch {
   const char* architecture;
@@ -22,10 +30,6 @@ const Arch kArchitectures[] = {{"LlamaForCausalLM", "llama"},
                                {"MistralForCausalLM", "mistral"},
                                {"Qwen2ForCausalLM", "qwen2"},
                                {"Qwen3ForCausalLM", "qwen3"}};
-
-[[noreturn]] void fail(const std::string& origin, const std::string& message) {
-  throw Error(ErrorKind::kModel, message, SourceLocation{origin, 0, 0, {}});
-}
 
 // Far above any real model (the largest have ~130 layers), far below what per-layer tables
 // cost: a config.json claiming 10^11 layers built a flag per layer for minutes and gigabytes
@@ -39,54 +43,6 @@ void check_layer_count(int64_t layers, const std::string& origin) {
                      std::to_string(kMaxHiddenLayers) + " layers a model may have");
   }
 }
-
-class Reader {
- public:
-  Reader(const json& j, std::string origin) : j_(j), origin_(std::move(origin)) {}
-
-  // Present and not null.
-  bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
-
-  int64_t integer(const char* key, const json& v) const {
-    if (!v.is_number_integer()) type_error(key, "an integer", v);
-    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
-      fail(origin_, std::string("field '") + key + "' is out of range");
-    }
-    return v.get<int64_t>();
-  }
-  int64_t integer(const char* key) const {
-    if (!has(key)) fail(origin_, std::string("missing required field '") + key + "'");
-    return integer(key, j_[key]);
-  }
-  int64_t integer(const char* key, int64_t fallback) const {
-    return has(key) ? integer(key, j_[key]) : fallback;
-  }
-  double number(const char* key, const json& v) const {
-    if (!v.is_number()) type_error(key, "a number", v);
-    return v.get<double>();
-  }
-  double number(const char* key, double fallback) const {
-    return has(key) ? number(key, j_[key]) : fallback;
-  }
-  bool boolean(const char* key, bool fallback) const {
-    if (!has(key)) return fallback;
-    if (!j_[key].is_boolean()) type_error(key, "a boolean", j_[key]);
-    return j_[key].get<bool>();
-  }
-  std::string string(const char* key, const std::string& fallback) const {
-    if (!has(key)) return fallback;
-    if (!j_[key].is_string()) type_error(key, "a string", j_[key]);
-    return j_[key].get<std::string>();
-  }
-  [[noreturn]] void type_error(const std::string& key, const char* expected, const json& v) const {
-    fail(origin_, "field '" + key + "' must be " + expected + ", got " + v.type_name());
-  }
-  const json& operator[](const char* key) const { return j_[key]; }
-
- private:
-  const json& j_;
-  std::string origin_;
-};
 
 RopeScaling parse_rope_scaling(const json& v, const std::string& origin) {
   RopeScaling rs;
@@ -170,7 +126,57 @@ FamilyTraits parse_traits(const Reader& r, const json& j, const std::string& mod
   return t;
 }
 
+// The keys every family reads alike: BOS/EOS ids, torch_dtype, the chat template's name.
+void read_shared_fields(const Reader& r, const json& j, ModelConfig& c) {
+  c.bos_token_id = r.integer("bos_token_id", c.bos_token_id);
+  if (j.contains("eos_token_id")) {
+    const json& e = j["eos_token_id"];
+    c.eos_token_ids.clear();
+    if (e.is_array()) {
+      for (const json& id : e) c.eos_token_ids.push_back(r.integer("eos_token_id", id));
+    } else if (!e.is_null()) {
+      c.eos_token_ids.push_back(r.integer("eos_token_id", e));
+    }
+  }
+  c.torch_dtype = r.string("torch_dtype", c.torch_dtype);
+  c.chat_template = r.string("promptcache_chat_template", "");
+}
+
 }  // namespace
+
+namespace family_configs {
+
+const FamilyConfig* find(const std::string& architecture) {
+  for (const FamilyConfig* f : {&kBloom, &kMpt, &kFalcon}) {
+    if (architecture == f->architecture) return f;
+  }
+  return nullptr;
+}
+
+const FamilyConfig* find_model_type(const std::string& model_type) {
+  for (const FamilyConfig* f : {&kBloom, &kMpt, &kFalcon}) {
+    if (model_type == f->model_type) return f;
+  }
+  return nullptr;
+}
+
+int64_t scaled_size(int64_t value, int64_t factor, const char* field, const std::string& origin) {
+  constexpr int64_t kLimit = int64_t{1} << 40;
+  if (value <= 0 || factor <= 0 || value > kLimit / factor) {
+    fail(origin, std::string("field '") + field + "' (" + std::to_string(value) +
+                     ") must be positive and at most " + std::to_string(kLimit / factor));
+  }
+  return value * factor;
+}
+
+int64_t integer_of(const Reader& r, std::initializer_list<const char*> keys) {
+  for (const char* key : keys) {
+    if (r.has(key)) return r.integer(key);
+  }
+  return r.integer(*keys.begin());  // missing: the error names the first
+}
+
+}  // namespace family_configs
 
 std::string supported_architectures() {
   std::string out;
@@ -178,12 +184,46 @@ std::string supported_architectures() {
     if (!out.empty()) out += ", ";
     out += a.architecture;
   }
+  for (const auto* f : {&family_configs::kBloom, &family_configs::kMpt, &family_configs::kFalcon}) {
+    out += std::string(", ") + f->architecture;
+  }
   return out;
+}
+
+std::vector<double> alibi_slopes(int64_t heads, double alibi_bias_max) {
+  std::vector<double> slopes;
+  if (heads <= 0) return slopes;
+  int64_t pow2 = 1;  // MPT: the power of two at or above heads; BLOOM: at or below
+  if (alibi_bias_max > 0) {
+    while (pow2 < heads) pow2 *= 2;
+    std::vector<double> all;
+    for (int64_t i = 1; i <= pow2; ++i) {
+      all.push_back(
+          1.0 / std::pow(2.0, static_cast<double>(i) * alibi_bias_max / static_cast<double>(pow2)));
+    }
+    if (pow2 == heads) return all;
+    for (int64_t i = 1; i < pow2; i += 2) slopes.push_back(all[static_cast<std::size_t>(i)]);
+    for (int64_t i = 0; i < pow2; i += 2) slopes.push_back(all[static_cast<std::size_t>(i)]);
+    slopes.resize(static_cast<std::size_t>(heads));
+    return slopes;
+  }
+  while (pow2 * 2 <= heads) pow2 *= 2;
+  const double base = std::pow(2.0, -8.0 / static_cast<double>(pow2));
+  for (int64_t i = 1; i <= pow2; ++i) slopes.push_back(std::pow(base, static_cast<double>(i)));
+  if (pow2 != heads) {
+    const double extra = std::pow(2.0, -8.0 / static_cast<double>(2 * pow2));
+    const int64_t remaining = std::min(pow2, heads - pow2);
+    for (int64_t i = 0; i < remaining; ++i) {
+      slopes.push_back(std::pow(extra, static_cast<double>(2 * i + 1)));
+    }
+  }
+  return slopes;
 }
 
 std::string ModelConfig::default_chat_template() const {
   if (model_type == "qwen2" || model_type == "qwen3") return "chatml";
   if (model_type == "mistral") return "mistral";
+  if (model_type == "mpt") return "chatml";  // MPT's chat models
   if (vocab_size >= 128000 || rope_scaling.type == RopeScaling::Type::kLlama3) return "llama-3";
   return "llama-2";
 }
@@ -221,14 +261,29 @@ ModelConfig ModelConfig::from_json_string(const std::string& text, const std::st
     for (const auto& k : kArchitectures) {
       if (model_type == k.model_type) arch = k.architecture;
     }
+    if (const auto* f = family_configs::find_model_type(model_type)) arch = f->architecture;
     if (arch.empty()) {
       fail(origin, "missing field 'architectures' (and model_type '" + model_type +
-                       "' is not one of llama, mistral, qwen2, qwen3)");
+                       "' is not one of llama, mistral, qwen2, qwen3, bloom, mpt, falcon)");
     }
   }
+  // HF's MPT class is MptForCausalLM, MosaicML's MPTForCausalLM: one family.
+  if (arch == "MptForCausalLM") arch = "MPTForCausalLM";
   const Arch* known = nullptr;
   for (const auto& k : kArchitectures) {
     if (arch == k.architecture) known = &k;
+  }
+  const family_configs::FamilyConfig* family = family_configs::find(arch);
+  if (family != nullptr) {
+    c.architecture = family->architecture;
+    c.model_type = family->model_type;
+    family->read(r, c, origin);
+    if (c.traits.position == PositionKind::kRope && j.contains("rope_scaling")) {
+      c.rope_scaling = parse_rope_scaling(j["rope_scaling"], origin);
+    }
+    read_shared_fields(r, j, c);
+    c.validate(origin);
+    return c;
   }
   if (!known) {
     fail(origin, "field 'architectures': unsupported architecture '" + arch +
@@ -263,23 +318,12 @@ ModelConfig ModelConfig::from_json_string(const std::string& text, const std::st
   c.rope_theta = r.number("rope_theta", c.rope_theta);
   if (j.contains("rope_scaling")) c.rope_scaling = parse_rope_scaling(j["rope_scaling"], origin);
   c.tie_word_embeddings = r.boolean("tie_word_embeddings", c.tie_word_embeddings);
-  c.bos_token_id = r.integer("bos_token_id", c.bos_token_id);
-  if (j.contains("eos_token_id")) {
-    const json& e = j["eos_token_id"];
-    c.eos_token_ids.clear();
-    if (e.is_array()) {
-      for (const json& id : e) c.eos_token_ids.push_back(r.integer("eos_token_id", id));
-    } else if (!e.is_null()) {
-      c.eos_token_ids.push_back(r.integer("eos_token_id", e));
-    }
-  }
-  c.torch_dtype = r.string("torch_dtype", c.torch_dtype);
+  read_shared_fields(r, j, c);
   const std::string act = r.string("hidden_act", "silu");
   if (act != "silu") {
     fail(origin, "field 'hidden_act' is '" + act + "'; only 'silu' (SwiGLU) is supported");
   }
   c.traits = parse_traits(r, j, known->model_type, c.num_hidden_layers, origin);
-  c.chat_template = r.string("promptcache_chat_template", "");
   c.validate(origin);
   return c;
 }
@@ -336,10 +380,31 @@ void ModelConfig::validate(const std::string& origin) const {
   }
 }
 
+namespace {
+
+// The keys every family writes alike (what read_shared_fields reads back).
+void write_shared_fields(const ModelConfig& c, json& j) {
+  j["bos_token_id"] = c.bos_token_id;
+  if (c.eos_token_ids.size() == 1) {
+    j["eos_token_id"] = c.eos_token_ids[0];
+  } else {
+    j["eos_token_id"] = c.eos_token_ids;  // a list, or [] for none
+  }
+  j["torch_dtype"] = c.torch_dtype;
+  if (!c.chat_template.empty()) j["promptcache_chat_template"] = c.chat_template;
+}
+
+}  // namespace
+
 std::string ModelConfig::to_json_string() const {
   json j = json::object();
   j["architectures"] = json::array({architecture});
   j["model_type"] = model_type;
+  if (const auto* family = family_configs::find(architecture)) {
+    family->write(*this, j);
+    write_shared_fields(*this, j);
+    return j.dump(2) + "\n";
+  }
   j["hidden_size"] = hidden_size;
   j["intermediate_size"] = intermediate_size;
   j["num_hidden_layers"] = num_hidden_layers;
@@ -392,14 +457,7 @@ std::string ModelConfig::to_json_string() const {
     j["layer_types"] = types;
   }
   j["tie_word_embeddings"] = tie_word_embeddings;
-  j["bos_token_id"] = bos_token_id;
-  if (eos_token_ids.size() == 1) {
-    j["eos_token_id"] = eos_token_ids[0];
-  } else {
-    j["eos_token_id"] = eos_token_ids;  // a list, or [] for none
-  }
-  j["torch_dtype"] = torch_dtype;
-  if (!chat_template.empty()) j["promptcache_chat_template"] = chat_template;
+  write_shared_fields(*this, j);
   return j.dump(2) + "\n";
 }
 

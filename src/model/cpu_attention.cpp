@@ -114,12 +114,13 @@ std::vector<KVSegment> slot_range(const std::vector<KVSegment>& segments, int64_
 
 torch::Tensor attend_few_queries(const torch::Tensor& qg, const torch::Tensor& keys,
                                  const torch::Tensor& values, const torch::Tensor& mask,
-                                 int64_t open, int threads) {
-  return attend_few_queries(qg, std::vector<KVSegment>{{keys, values}}, mask, open, threads);
+                                 int64_t open, int threads, const AttentionBias& bias) {
+  return attend_few_queries(qg, std::vector<KVSegment>{{keys, values}}, mask, open, threads, bias);
 }
 
 torch::Tensor attend_few_queries(const torch::Tensor& qg, const std::vector<KVSegment>& segments,
-                                 const torch::Tensor& mask_in, int64_t open, int threads) {
+                                 const torch::Tensor& mask_in, int64_t open, int threads,
+                                 const AttentionBias& bias) {
   auto refuse = [](const std::string& why) {
     throw Error(ErrorKind::kInvalidArgument, "attend_few_queries: " + why);
   };
@@ -191,6 +192,28 @@ torch::Tensor attend_few_queries(const torch::Tensor& qg, const std::vector<KVSe
     if (mask.stride(-1) != 1) mask = mask.contiguous();
     tokens = mask.size(-2);
   }
+  // ALiBi: positions as dense f32 rows, the tokens per query head from the query positions.
+  torch::Tensor slopes, key_pos, query_pos;
+  if (bias.defined()) {
+    auto dense_f32 = [](const torch::Tensor& t) {
+      return t.to(torch::kCPU, torch::kFloat32).contiguous();
+    };
+    slopes = dense_f32(bias.slopes);
+    key_pos = dense_f32(bias.key_positions);
+    query_pos = dense_f32(bias.query_positions);
+    const int64_t n = query_pos.dim() == 2 ? query_pos.size(1) : 0;
+    const bool ok = key_pos.dim() == 2 && (key_pos.size(0) == b || key_pos.size(0) == 1) &&
+                    key_pos.size(1) == slots && query_pos.dim() == 2 &&
+                    (query_pos.size(0) == b || query_pos.size(0) == 1) && n > 0 && rows % n == 0 &&
+                    slopes.dim() == 1 && slopes.size(0) == hkv * (rows / n) &&
+                    (!mask.defined() || tokens == n);
+    if (!ok) {
+      refuse(
+          "the ALiBi bias must be slopes [kv_heads * groups], key positions [batch or 1, slots] "
+          "and query positions [batch or 1, n] with rows = groups * n (and n the mask's rows)");
+    }
+    tokens = n;
+  }
   const auto q = qg.contiguous();
   auto out = torch::empty({b, hkv, rows, d}, qg.options());
   const float* qp = q.data_ptr<float>();
@@ -229,6 +252,11 @@ torch::Tensor attend_few_queries(const torch::Tensor& qg, const std::vector<KVSe
     a.out = op + task * rows * d;
     a.scratch = scratch.data();
     a.kv = kv;
+    if (slopes.defined()) {
+      a.slopes = slopes.data_ptr<float>() + h * (rows / tokens);
+      a.key_pos = key_pos.data_ptr<float>() + (key_pos.size(0) == 1 ? 0 : bi) * slots;
+      a.query_pos = query_pos.data_ptr<float>() + (query_pos.size(0) == 1 ? 0 : bi) * tokens;
+    }
     kernel.fn(a);
   });
   return out;

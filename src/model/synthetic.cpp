@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "families/family_weights.hpp"
 #include "promptcache/builtin_data.hpp"
 #include "promptcache/error.hpp"
 #include "promptcache/model/safetensors.hpp"
@@ -16,8 +17,8 @@
 namespace promptcache {
 
 std::vector<std::string> synthetic_shapes() {
-  return {"tiny",       "bench-small", "tinyllama-1.1b", "qwen2-tiny",
-          "qwen3-tiny", "llama3-tiny", "mistral-tiny"};
+  return {"tiny",        "bench-small",  "tinyllama-1.1b", "qwen2-tiny", "qwen3-tiny",
+          "llama3-tiny", "mistral-tiny", "bloom-tiny",     "mpt-tiny",   "falcon-tiny"};
 }
 
 namespace {
@@ -36,9 +37,38 @@ ModelConfig tiny_config() {
   return c;
 }
 
+// The tiny shapes of the families with config keys of their own, as their config.json would
+// write them: read through the family's unit, so their traits are the ones a real checkpoint
+// gets. Head size 16 (the AVX-512 attention kernel's width).
+std::string family_tiny_json(const std::string& shape) {
+  if (shape == "bloom-tiny") {  // 6 heads: BLOOM's extra interleaved slopes
+    return R"({"architectures": ["BloomForCausalLM"], "model_type": "bloom", "hidden_size": 96,
+               "n_layer": 2, "n_head": 6, "vocab_size": 512, "layer_norm_epsilon": 1e-5})";
+  }
+  if (shape == "mpt-tiny") {
+    return R"({"architectures": ["MPTForCausalLM"], "model_type": "mpt", "d_model": 64,
+               "n_layers": 2, "n_heads": 4, "expansion_ratio": 4, "max_seq_len": 2048,
+               "vocab_size": 512, "no_bias": true,
+               "attn_config": {"alibi": true, "alibi_bias_max": 8}})";
+  }
+  if (shape == "falcon-tiny") {  // Falcon-7B's layout: parallel block, multi-query
+    return R"({"architectures": ["FalconForCausalLM"], "model_type": "falcon",
+               "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+               "vocab_size": 512, "multi_query": true, "parallel_attn": true,
+               "new_decoder_architecture": false, "bias": false, "rope_theta": 10000.0})";
+  }
+  return "";
+}
+
 }  // namespace
 
 ModelConfig synthetic_config(const std::string& shape) {
+  if (const std::string json = family_tiny_json(shape); !json.empty()) {
+    ModelConfig c = ModelConfig::from_json_string(json, shape);
+    c.bos_token_id = 1;
+    c.eos_token_ids = {2};
+    return c;
+  }
   ModelConfig c;
   if (shape == "tiny") {
     c = tiny_config();
@@ -116,6 +146,20 @@ std::map<std::string, torch::Tensor> random_llama_weights(const ModelConfig& c, 
   auto norm_of = [&](const std::string& name, int64_t size) {
     w[name] = (1.0 + 0.1 * at::randn({size}, gen, f32)).to(dtype);
   };
+  // A family with names of its own (BLOOM, MPT, Falcon): its checkpoint's tensors, fused QKV
+  // and all.
+  const auto table = family_weights::entries(c);
+  for (const auto& e : table) {
+    using family_weights::Kind;
+    if (e.kind == Kind::kMatrix || e.kind == Kind::kFusedQkv) {
+      matrix(e.source, e.shape.at(0), e.shape.at(1));
+    } else if (e.kind == Kind::kNorm) {
+      norm_of(e.source, e.shape.at(0));
+    } else {
+      vector(e.source, e.shape.at(0));
+    }
+  }
+  if (!table.empty()) return w;
   const int64_t h = c.hidden_size, d = c.head_dim, f = c.intermediate_size;
   const int64_t hq = c.num_attention_heads, hkv = c.num_key_value_heads;
   matrix("model.embed_tokens.weight", c.vocab_size, h);
@@ -166,8 +210,11 @@ void write_model_folder(const std::string& dir, const ModelConfig& config,
 }
 
 std::string synthetic_tokenizer_kind(const std::string& shape) {
-  return shape == "qwen2-tiny" || shape == "qwen3-tiny" || shape == "llama3-tiny" ? "bpe"
-                                                                                  : "sentencepiece";
+  for (const char* bpe :
+       {"qwen2-tiny", "qwen3-tiny", "llama3-tiny", "bloom-tiny", "mpt-tiny", "falcon-tiny"}) {
+    if (shape == bpe) return "bpe";
+  }
+  return "sentencepiece";
 }
 
 namespace {
@@ -187,6 +234,9 @@ BpeFamily bpe_family(const std::string& shape) {
             "<|eot_id|>",
             true};
   }
+  if (shape == "bloom-tiny") return {{"<unk>", "<s>", "</s>", "<pad>"}, "<s>", "</s>", false};
+  if (shape == "falcon-tiny") return {{"<|endoftext|>"}, "", "<|endoftext|>", false};
+  // Qwen, and MPT's chat models (ChatML).
   return {{"<|endoftext|>", "<|im_start|>", "<|im_end|>"}, "", "<|im_end|>", false};
 }
 

@@ -2,7 +2,8 @@
 // each (made by `make-model`'s code, with its family's trained tokenizer: byte-level BPE for Qwen
 // and Llama 3, SentencePiece for Mistral) opened through Engine::open, as a user's folder is.
 // Prefix-exact, position-exact (random schemas; the sliding window of mistral-tiny is 24
-// positions, so it cuts through most of them) and batch-exact.
+// positions, so it cuts through most of them; bloom-tiny and mpt-tiny take ALiBi's bias from the
+// positions the schemas reserve) and batch-exact.
 #include "support/catch_torch.hpp"
 
 #include <algorithm>
@@ -25,8 +26,9 @@ using namespace promptcache;
 
 namespace {
 
-const std::vector<std::string> kFamilies = {"qwen2-tiny", "qwen3-tiny", "llama3-tiny",
-                                            "mistral-tiny"};
+const std::vector<std::string> kFamilies = {"qwen2-tiny",   "qwen3-tiny", "llama3-tiny",
+                                            "mistral-tiny", "bloom-tiny", "mpt-tiny",
+                                            "falcon-tiny"};
 
 // One model folder per family and test process.
 std::string family_folder(const std::string& shape) {

@@ -30,6 +30,17 @@ std::vector<KVSegment> first_slots(const std::vector<KVSegment>& segments, int64
 std::vector<KVSegment> slot_range(const std::vector<KVSegment>& segments, int64_t begin,
                                   int64_t count);
 
+// ALiBi for attend_few_queries(): query row r of KV head h (token i = r % n of query head
+// h * groups + r / n) gets slopes[h * groups + r / n] * (key_positions[slot] - query_positions[i])
+// added to its score of each slot, before the mask. All f32 on the CPU; positions per batch row
+// ([b, ...], or [1, ...] for every row). Undefined slopes: no bias.
+struct AttentionBias {
+  torch::Tensor slopes;           // [kv_heads * groups]
+  torch::Tensor key_positions;    // [b or 1, slots]
+  torch::Tensor query_positions;  // [b or 1, n]
+  bool defined() const { return slopes.defined(); }
+};
+
 // Whether attend_few_queries() takes f32 heads of size head_dim with the current kernel choice.
 bool cpu_attention_available(int64_t head_dim);
 // Whether it takes keys and values of these options (f32, bf16 or f16 on the CPU) with heads of
@@ -51,16 +62,18 @@ bool cpu_attention_bf16_dot(int64_t head_dim);
 // is token i of query head g), already scaled by 1/sqrt(d). The slots are the runs of
 // `segments` in order (at least one; see KVSegment). mask: [n, slots], [b, n, slots] (one per
 // batch row) or undefined (every slot visible); slots before `open` are seen by every row
-// whatever the mask says. The KV heads are shared out among `threads` threads.
+// whatever the mask says. The KV heads are shared out among `threads` threads. `bias`: ALiBi (see
+// AttentionBias), whose query positions give n when there is no mask.
 // The queries are f32; keys and values of every run are f32, bf16 or f16, all of one dtype.
 // Returns [b, kv_heads, rows, d] f32. Throws Error (kInvalidArgument) for anything else: other
 // dtypes or devices, a head size without a kernel (cpu_attention_available), mismatched shapes.
 torch::Tensor attend_few_queries(const torch::Tensor& qg, const std::vector<KVSegment>& segments,
-                                 const torch::Tensor& mask, int64_t open, int threads);
+                                 const torch::Tensor& mask, int64_t open, int threads,
+                                 const AttentionBias& bias = {});
 
 // The same over one run: keys/values [b, kv_heads, slots, d] (views of the KV cache).
 torch::Tensor attend_few_queries(const torch::Tensor& qg, const torch::Tensor& keys,
                                  const torch::Tensor& values, const torch::Tensor& mask,
-                                 int64_t open, int threads);
+                                 int64_t open, int threads, const AttentionBias& bias = {});
 
 }  // namespace promptcache

@@ -1,12 +1,17 @@
-// promptcache/model/llama.hpp — the forward pass of the Llama-layer families (Llama 2/3.x,
-// TinyLlama, CodeLlama, Mistral, Qwen2/2.5, Qwen3).
+// promptcache/model/llama.hpp — the forward pass of the decoder families: the Llama layer's
+// (Llama 2/3.x, TinyLlama, CodeLlama, Mistral, Qwen2/2.5, Qwen3) and those whose layer differs
+// in its parts (BLOOM, MPT, Falcon).
 //
 // RMSNorm, RoPE (HF rotate-half convention, rope_theta, rope_scaling), grouped-query attention,
 // SwiGLU MLP, tied or untied lm_head; and, as the config's FamilyTraits say, projection biases,
-// per-head q/k RMSNorm and sliding-window attention (by position ids: a token at position p sees
-// the keys at positions > p - window, in every path, Prompt Cache assembly included). The forward
-// takes token ids AND explicit position ids (they need not be contiguous) and appends the new K
-// (RoPE applied) and V to a KVCache.
+// per-head q/k RMSNorm, sliding-window attention (by position ids: a token at position p sees
+// the keys at positions > p - window, in every path, Prompt Cache assembly included), LayerNorm
+// with or without bias, a norm on the embeddings, a GELU MLP, attention and MLP in parallel, and
+// ALiBi instead of RoPE: head h's score of a key gets slope_h * (key position - query position),
+// from the position ids of the keys (as the cache records them) and of the new tokens, in every
+// attention path, so module states compiled at their schema positions are reused exactly. The
+// forward takes token ids AND explicit position ids (they need not be contiguous) and appends the
+// new K (RoPE applied) and V to a KVCache.
 #pragma once
 
 #include <torch/types.h>
@@ -166,16 +171,23 @@ class LlamaModel {
                                                            const torch::Tensor& positions) const;
 
   // RoPE cos/sin tables ([n, head_dim], float32) for the given positions — exposed for tests.
+  // Under ALiBi, cos 1 and sin 0: the rotation leaves q and k exactly as they are.
   std::pair<torch::Tensor, torch::Tensor> rope_tables(const torch::Tensor& positions) const;
+
+  // Under ALiBi, each query head's slope (float32 [heads] on the model's device); undefined
+  // under RoPE.
+  const torch::Tensor& alibi_slopes() const { return alibi_slopes_; }
 
   // Approximate FLOPs of a prefill of n tokens with `context` cached slots (for benchmarks).
   double prefill_flops(int64_t n, int64_t context = 0) const;
 
  private:
   struct Layer {
-    torch::Tensor input_norm, post_norm;
+    // post_norm is undefined where the MLP reads the attention's norm (Falcon-7B's parallel
+    // block); the biases where the norms have none.
+    torch::Tensor input_norm, post_norm, input_norm_bias, post_norm_bias;
     torch::Tensor wq, wk, wv, wo;
-    torch::Tensor w_gate, w_up, w_down;
+    torch::Tensor w_gate, w_up, w_down;  // no gate in a GELU MLP
     // Undefined unless the family has them (FamilyTraits).
     torch::Tensor bq, bk, bv, bo, b_gate, b_up, b_down;
     torch::Tensor q_norm, k_norm;  // [head_dim]
@@ -195,6 +207,10 @@ class LlamaModel {
     int64_t open_slots = 0;  // leading slots that every new token sees
     // ForwardOptions::attention_mass: this layer's row of it is added to (library path only).
     torch::Tensor attention_mass;
+    // ALiBi: the position of every slot [b, cache_length + n] (the cache's, then the new
+    // tokens') and of every new token [b, n], float32 on the model's device; undefined under
+    // RoPE.
+    torch::Tensor key_positions, query_positions;
   };
   LlamaModel() = default;
   // The inputs of the layers that use the sliding window: `full`'s, with the window's rule added
@@ -203,11 +219,18 @@ class LlamaModel {
                        const KVCache& cache, int64_t n) const;
   torch::Tensor attention(const Layer& layer, int64_t index, const torch::Tensor& x, KVCache& cache,
                           const LayerInputs& in) const;
+  // The family's norm (FamilyTraits::norm) of x with weight and bias (bias may be undefined).
+  torch::Tensor norm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                     bool small_ops) const;
+  // The family's MLP (FamilyTraits::mlp) of the normed h.
+  torch::Tensor mlp(const Layer& layer, const torch::Tensor& h) const;
 
   ModelConfig config_;
   LoadOptions options_;  // as given, with device and attention used as they are
   DtypeChoice choice_;
-  torch::Tensor embed_, final_norm_, lm_head_;
+  torch::Tensor embed_, final_norm_, final_norm_bias_, lm_head_;
+  torch::Tensor embed_norm_, embed_norm_bias_;  // undefined unless the family has one
+  torch::Tensor alibi_slopes_;                  // ALiBi: float32 [heads]
   std::vector<Layer> layers_;
   torch::Tensor inv_freq_;  // float32 [head_dim / 2], rope_scaling applied
   bool sdpa_ = false;       // attention through scaled_dot_product_attention (fixed at load)

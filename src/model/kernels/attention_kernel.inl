@@ -368,6 +368,11 @@ void attend_rows_of(const promptcache::kernels::AttendArgs& a) {
     first += seg.slots;
   }
   for (Index r = 0; r < rows; ++r) {
+    if (a.slopes != nullptr) {  // ALiBi: the row's slope times each key's distance from it
+      const float slope = a.slopes[r / a.tokens], query = a.query_pos[r % a.tokens];
+      float* row = scores + r * lds;
+      for (Index j = 0; j < slots; ++j) row[j] += slope * (a.key_pos[j] - query);
+    }
     const bool* mask_row = a.mask == nullptr ? nullptr : a.mask + (r % a.tokens) * a.mask_ld;
     const float sum = softmax_numerators(scores + r * lds, slots, mask_row, a.open);
     scale[r] = sum > 0.0f ? 1.0f / sum : 0.0f;

@@ -84,6 +84,9 @@ struct AttendSegment {
 // Row r belongs to token r % tokens (grouped-query heads stack their rows group-major). Every
 // row sees slots [0, open); a slot j >= open is seen by token i iff mask[i * mask_ld + j], or
 // by all when mask is null. A row that sees no slot gets zeros.
+// With ALiBi (slopes not null), row r's score of slot j is first added
+//   slopes[r / tokens] * (key_pos[j] - query_pos[r % tokens]),
+// the slope of the row's query head times the distance of their positions.
 struct AttendArgs {
   const float* q = nullptr;  // [rows, d], already scaled by 1/sqrt(d)
   long long rows = 0, d = 0;
@@ -95,6 +98,10 @@ struct AttendArgs {
   float* out = nullptr;      // [rows, d]
   float* scratch = nullptr;  // attend_scratch_floats(d, slots) floats
   KvType kv = KvType::kF32;  // of every run's keys and values
+  // ALiBi, or all null: [rows / tokens] slopes, [slots] key and [tokens] query positions.
+  const float* slopes = nullptr;
+  const float* key_pos = nullptr;
+  const float* query_pos = nullptr;
 };
 using AttendRowsFn = void (*)(const AttendArgs& args);
 

@@ -26,14 +26,35 @@ inline typename Vec::Reg exp_nonpositive(typename Vec::Reg x) {
 }
 
 // The scores st[j][r] (row r0 + r of `a` in lane r, RV vectors of rows, ld = RV * kWidth apart)
-// masked as `a` says, then replaced by their softmax numerators e^(s - row max); scale[r] gets
-// 1 / the row's sum, 0 for a row that sees no slot. Each lane's steps use only its own row.
+// with `a`'s ALiBi added and masked as `a` says, then replaced by their softmax numerators
+// e^(s - row max); scale[r] gets 1 / the row's sum, 0 for a row that sees no slot. Each lane's
+// steps use only its own row.
 template <int RV>
 inline void lane_softmax(const promptcache::kernels::AttendArgs& a, Index r0, Index rows, float* st,
                          float* scale) {
   constexpr Index ld = RV * Vec::kWidth;
   constexpr float kNegInf = -__builtin_inff();
   const Index slots = a.slots;
+  if (a.slopes != nullptr) {  // ALiBi: each row's slope times the key's distance from it
+    // Each lane's slope and query position (padding lanes get slope 0: their scores stay).
+    float slope[ld], query[ld];
+    for (Index r = 0; r < ld; ++r) {
+      slope[r] = r < rows ? a.slopes[(r0 + r) / a.tokens] : 0.0f;
+      query[r] = r < rows ? a.query_pos[(r0 + r) % a.tokens] : 0.0f;
+    }
+    typename Vec::Reg sv[RV], qv[RV];
+    for (int c = 0; c < RV; ++c) {
+      sv[c] = Vec::load(slope + c * Vec::kWidth);
+      qv[c] = Vec::load(query + c * Vec::kWidth);
+    }
+    for (Index j = 0; j < slots; ++j) {
+      const typename Vec::Reg key = Vec::set1(a.key_pos[j]);
+      for (int c = 0; c < RV; ++c) {
+        float* at = st + j * ld + c * Vec::kWidth;
+        Vec::store(at, Vec::fma(sv[c], Vec::sub(key, qv[c]), Vec::load(at)));
+      }
+    }
+  }
   if (a.mask != nullptr) {
     for (Index j = a.open; j < slots; ++j) {
       for (Index r = 0; r < rows; ++r) {

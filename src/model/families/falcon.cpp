@@ -1,0 +1,55 @@
+// falcon.cpp — Falcon's checkpoint (HF FalconForCausalLM): word_embeddings, per layer the norms
+// of its layout (input_layernorm alone for Falcon-7B's parallel block; ln_attn and ln_mlp for
+// the new_decoder_architecture with two; input_layernorm and post_attention_layernorm for a
+// sequential block), self_attention.query_key_value (fused as the layout says) and dense,
+// mlp.dense_h_to_4h and dense_4h_to_h (biases when `bias`), and ln_f; lm_head when untied.
+#include "family_weights.hpp"
+
+namespace promptcache::family_weights {
+
+std::vector<Entry> falcon_entries(const ModelConfig& c) {
+  const int64_t h = c.hidden_size, f = c.intermediate_size, hq = c.num_attention_heads;
+  const int64_t qkv = (hq + 2 * c.num_key_value_heads) * c.head_dim;
+  const FamilyTraits& tr = c.traits;
+  const std::string t = "transformer.";
+  std::vector<Entry> e = {
+      {t + "word_embeddings.weight", "model.embed_tokens.weight", {c.vocab_size, h}, Kind::kMatrix},
+      {t + "ln_f.weight", "model.norm.weight", {h}, Kind::kNorm},
+      {t + "ln_f.bias", "model.norm.bias", {h}, Kind::kBias}};
+  if (!c.tie_word_embeddings) {
+    e.push_back({"lm_head.weight", "lm_head.weight", {c.vocab_size, h}, Kind::kMatrix});
+  }
+  const bool two_norms = tr.fused_qkv == FusedQkv::kGrouped && tr.mlp_norm;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = t + "h." + std::to_string(i) + ".";
+    const std::string l = "model.layers." + std::to_string(i) + ".";
+    const std::string attn_norm = two_norms ? "ln_attn" : "input_layernorm";
+    e.push_back({p + attn_norm + ".weight", l + "input_layernorm.weight", {h}, Kind::kNorm});
+    e.push_back({p + attn_norm + ".bias", l + "input_layernorm.bias", {h}, Kind::kBias});
+    if (tr.mlp_norm) {
+      const std::string mlp_norm = two_norms ? "ln_mlp" : "post_attention_layernorm";
+      e.push_back(
+          {p + mlp_norm + ".weight", l + "post_attention_layernorm.weight", {h}, Kind::kNorm});
+      e.push_back({p + mlp_norm + ".bias", l + "post_attention_layernorm.bias", {h}, Kind::kBias});
+    }
+    e.push_back(
+        {p + "self_attention.query_key_value.weight", l + "self_attn.", {qkv, h}, Kind::kFusedQkv});
+    e.push_back(
+        {p + "self_attention.dense.weight", l + "self_attn.o_proj.weight", {h, h}, Kind::kMatrix});
+    e.push_back({p + "mlp.dense_h_to_4h.weight", l + "mlp.up_proj.weight", {f, h}, Kind::kMatrix});
+    e.push_back(
+        {p + "mlp.dense_4h_to_h.weight", l + "mlp.down_proj.weight", {h, f}, Kind::kMatrix});
+    if (tr.qkv_bias) {
+      e.push_back({p + "self_attention.query_key_value.bias",
+                   l + "self_attn.",
+                   {qkv},
+                   Kind::kFusedQkvBias});
+      e.push_back({p + "self_attention.dense.bias", l + "self_attn.o_proj.bias", {h}, Kind::kBias});
+      e.push_back({p + "mlp.dense_h_to_4h.bias", l + "mlp.up_proj.bias", {f}, Kind::kBias});
+      e.push_back({p + "mlp.dense_4h_to_h.bias", l + "mlp.down_proj.bias", {h}, Kind::kBias});
+    }
+  }
+  return e;
+}
+
+}  // namespace promptcache::family_weights
