@@ -21,6 +21,7 @@
 #include "promptcache/model/cpu_linear.hpp"
 #include "promptcache/model/cpu_ops.hpp"
 #include "promptcache/model/threads.hpp"
+#include "promptcache/model/work_pool.hpp"
 
 namespace promptcache {
 
@@ -74,29 +75,29 @@ torch::Tensor attend_split_heads(const torch::Tensor& qg, const torch::Tensor& k
   // writing into `out` (made here) is allowed under an application's InferenceMode.
   const bool inference = c10::InferenceMode::is_enabled();
   const bool grad = at::GradMode::is_enabled();
-#pragma omp parallel for num_threads(threads) collapse(2) schedule(static)
-  for (int64_t bi = 0; bi < b; ++bi) {
-    for (int64_t h = 0; h < hkv; ++h) {
-      try {
-        c10::InferenceMode inference_mode(inference);
-        at::AutoGradMode grad_mode(grad);
-        auto scores = at::mm(qg[bi][h], keys[bi][h].t());
-        if (scores.scalar_type() != torch::kFloat32) scores = scores.to(torch::kFloat32);
-        if (alibi.defined()) scores.add_(alibi[bi][h]);
-        if (closed.defined()) {
-          scores.view({rows / n, n, slots})
-              .narrow(-1, open, slots - open)
-              .masked_fill_(closed.dim() == 3 ? closed[bi] : closed,
-                            -std::numeric_limits<float>::infinity());
-        }
-        auto dst = out[bi][h];
-        at::mm_out(dst, scores.softmax(-1).to(values.scalar_type()), values[bi][h]);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(error_mutex);
-        if (!error) error = std::current_exception();
+  // On the kernel work pool (a chunk per batch row and KV head), not an OpenMP team: a team's
+  // barrier waits for a thread another process holds (include/promptcache/model/work_pool.hpp).
+  parallel_chunks(b * hkv, threads, [&](int64_t task) {
+    const int64_t bi = task / hkv, h = task % hkv;
+    try {
+      c10::InferenceMode inference_mode(inference);
+      at::AutoGradMode grad_mode(grad);
+      auto scores = at::mm(qg[bi][h], keys[bi][h].t());
+      if (scores.scalar_type() != torch::kFloat32) scores = scores.to(torch::kFloat32);
+      if (alibi.defined()) scores.add_(alibi[bi][h]);
+      if (closed.defined()) {
+        scores.view({rows / n, n, slots})
+            .narrow(-1, open, slots - open)
+            .masked_fill_(closed.dim() == 3 ? closed[bi] : closed,
+                          -std::numeric_limits<float>::infinity());
       }
+      auto dst = out[bi][h];
+      at::mm_out(dst, scores.softmax(-1).to(values.scalar_type()), values[bi][h]);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
     }
-  }
+  });
   if (saved_blas > 1) set_blas_threads(saved_blas);
   if (error) std::rethrow_exception(error);
   return out;

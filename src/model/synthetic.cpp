@@ -219,14 +219,16 @@ std::string synthetic_tokenizer_kind(const std::string& shape) {
 
 namespace {
 
-// The special tokens and tokenizer_config.json of a family's trained byte-level BPE tokenizer:
+// A shape's trained byte-level BPE tokenizer: its family's tokenizer.json pipeline (BLOOM's,
+// GPT-NeoX's for MPT, Falcon's; Qwen2's otherwise), special tokens and tokenizer_config.json:
 // ChatML's for Qwen, Llama 3's header tokens (and its BOS) for Llama 3.
-struct BpeFamily {
+struct ShapeTokenizer {
   std::vector<std::string> specials;
   std::string bos, eos;
   bool add_bos = false;
+  BpeFamily pipeline = BpeFamily::kQwen2;
 };
-BpeFamily bpe_family(const std::string& shape) {
+ShapeTokenizer shape_tokenizer(const std::string& shape) {
   if (shape == "llama3-tiny") {
     return {{"<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
              "<|eot_id|>"},
@@ -234,9 +236,20 @@ BpeFamily bpe_family(const std::string& shape) {
             "<|eot_id|>",
             true};
   }
-  if (shape == "bloom-tiny") return {{"<unk>", "<s>", "</s>", "<pad>"}, "<s>", "</s>", false};
-  if (shape == "falcon-tiny") return {{"<|endoftext|>"}, "", "<|endoftext|>", false};
-  // Qwen, and MPT's chat models (ChatML).
+  if (shape == "bloom-tiny") {
+    return {{"<unk>", "<s>", "</s>", "<pad>"}, "<s>", "</s>", false, BpeFamily::kBloom};
+  }
+  if (shape == "falcon-tiny") {
+    return {{"<|endoftext|>"}, "", "<|endoftext|>", false, BpeFamily::kFalcon};
+  }
+  if (shape == "mpt-tiny") {
+    // MPT's chat models use ChatML on GPT-NeoX's tokenizer.
+    return {{"<|endoftext|>", "<|im_start|>", "<|im_end|>"},
+            "",
+            "<|im_end|>",
+            false,
+            BpeFamily::kGptNeox};
+  }
   return {{"<|endoftext|>", "<|im_start|>", "<|im_end|>"}, "", "<|im_end|>", false};
 }
 
@@ -277,10 +290,10 @@ void place_tokenizer(const std::string& dir, const std::string& shape,
                                   (folder / "tokenizer.model").string());
     return;
   }
-  const BpeFamily family = bpe_family(shape);
+  const ShapeTokenizer family = shape_tokenizer(shape);
   const int learned = tokenizer_vocab - static_cast<int>(family.specials.size());
   train_bpe_tokenizer(builtin_corpus(), learned, family.specials,
-                      (folder / "tokenizer.json").string());
+                      (folder / "tokenizer.json").string(), family.pipeline);
   nlohmann::json config = {
       {"add_bos_token", family.add_bos},
       {"bos_token", family.bos.empty() ? nlohmann::json(nullptr) : nlohmann::json(family.bos)},
