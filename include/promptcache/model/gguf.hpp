@@ -87,7 +87,7 @@ struct TypeInfo {
 const TypeInfo* type_info(uint32_t id);
 // The GGML name of any id llama.cpp defines ("Q3_K"), else "unknown".
 std::string type_name_of_id(uint32_t id);
-// "F32, F16, Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, BF16", for messages.
+// "F32, F16, Q4_0, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16", for messages.
 std::string supported_types();
 
 struct TensorInfo {

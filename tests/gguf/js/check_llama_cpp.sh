@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # llama.cpp (node-llama-cpp@3.21.1's prebuilt CPU binary, npm) loads stories260K converted by
-# `promptcache convert` to f32 and q8_0 GGUF files; its tokenization of a text and its 20 greedy
-# tokens must equal promptcache's on the same file. Then the K-quants: stories260K's rows (64,
+# `promptcache convert` to f32, q8_0 and q4_k GGUF files (q4_k: its 64-wide rows as Q5_0, the
+# fallback llama.cpp's quantizer writes for Q4_K rows of no whole 256-block, its 172-wide rows as
+# F16); its tokenization of a text and its 20 greedy tokens must equal promptcache's on the same
+# file. Then the K-quants: stories260K's rows (64,
 # 172) hold no whole 256-block, so bench-small (random weights of N(0, 0.02), rows of 768 and
 # 2048) is made and converted to q4_k_m (Q4_K + Q6_K); on the same file the tokenization must
 # be equal and the first 8 of 20 greedy tokens too (measured 2026-12-07 on this text: the first
@@ -14,9 +16,9 @@
 # largest log-probability difference over both engines' 10 most likely tokens, each within the
 # bounds below (measured figures beside them), and the same most likely token unless the two
 # engines both see a near tie. Bounds (KL, log-probability difference) and what was measured on
-# 2026-12-07: f32 1e-4, 0.1 (2.2e-6, 0.013); q8_0 5e-3, 1.0 (1.0e-3, 0.27); bench-small
-# q4_k_m 1e-3, 0.2 (1.4e-4, 0.042; the same most likely token at 41 of 42 positions, the other a
-# near tie). The largest log-probability differences are those of
+# 2026-12-07: f32 1e-4, 0.1 (2.2e-6, 0.013); q8_0 5e-3, 1.0 (1.0e-3, 0.27); q4_k 5e-3, 1.0
+# (8.7e-4, 0.27); bench-small q4_k_m 1e-3, 0.2 (1.4e-4, 0.042; the same most likely token at 41
+# of 42 positions, the other a near tie). The largest log-probability differences are those of
 # the less likely of the 10 tokens; the KL divergence weighs them by their probability.
 #
 #   check_llama_cpp.sh PROMPTCACHE_CLI NPM_PREFIX STORIES260K_DIR GGUF_LOGITS
@@ -69,7 +71,7 @@ logits() {
     for (const p of r.per_position) if (!p.ok) console.log("  position", JSON.stringify(p));' \
     "$work/$name.json"
 }
-for type in f32 q8_0; do
+for type in f32 q8_0 q4_k; do
   out="$work/stories260K-$type.gguf"
   "$cli" convert --model "$stories" --out "$out" --type "$type" >/dev/null
   ours_ids=$("$cli" tokenize --model "$out" --text "$text" --json |
@@ -93,7 +95,7 @@ for type in f32 q8_0; do
   bos=$(node -e 'console.log(JSON.parse(process.argv[1]).bos)' "$theirs")
   case $type in
     f32) logits "$out" "$bos,$ours_ids" 0.1 1e-4 ;;
-    q8_0) logits "$out" "$bos,$ours_ids" 1.0 5e-3 ;;
+    q8_0 | q4_k) logits "$out" "$bos,$ours_ids" 1.0 5e-3 ;;
   esac
 done
 
