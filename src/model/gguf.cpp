@@ -505,6 +505,10 @@ File::~File() {
   if (map_ != nullptr) ::munmap(map_, size_);
 }
 
+void File::release_metadata() {
+  std::map<std::string, Value>().swap(header_.metadata);
+}
+
 const Value* File::find(const std::string& key) const {
   auto it = header_.metadata.find(key);
   return it == header_.metadata.end() ? nullptr : &it->second;

@@ -143,6 +143,24 @@ TEST_CASE("gguf Q/K row permutation is llama.cpp's and undoes itself", "[gguf]")
                      blocks));
 }
 
+TEST_CASE("gguf File::release_metadata frees the metadata and keeps the tensors", "[gguf]") {
+  test::TempDir dir("promptcache-gguf-release");
+  gguf::Writer w;
+  w.set("general.architecture", gguf::Value::string("llama"));
+  w.add_tensor("t", {4}, 0, std::string(16, '\x01'));
+  const std::string path = dir.file("m.gguf");
+  w.write(path);
+  const auto f = gguf::File::open(path);
+  REQUIRE(f->find("general.architecture") != nullptr);
+  f->release_metadata();
+  CHECK(f->metadata().empty());
+  CHECK(f->find("general.architecture") == nullptr);
+  const auto* t = f->tensor("t");
+  REQUIRE(t != nullptr);
+  CHECK(f->data(*t)[0] == 1);
+  CHECK(f->data(*t)[15] == 1);
+}
+
 TEST_CASE("gguf Q4_K_M type plan follows llama_model_quantize", "[gguf]") {
   using gguf::FileType;
   const std::vector<int64_t> m = {4096, 4096};
