@@ -13,6 +13,7 @@
 #include "promptcache/engine.hpp"
 #include "promptcache/model/synthetic.hpp"
 #include "promptcache/model/threads.hpp"
+#include "promptcache/model/tokenizer.hpp"
 
 namespace promptcache::bench {
 
@@ -41,6 +42,25 @@ inline std::unique_ptr<Engine> synthetic_engine(
   std::cerr << program << ": weights " << dtype_name(model->weight_dtype()) << ", compute "
             << dtype_name(model->dtype()) << ", KV " << dtype_name(model->kv_dtype()) << "\n";
   return std::make_unique<Engine>(std::move(model), bench_tokenizer(), options);
+}
+
+// An engine over the model a file or folder holds (`--model FILE.gguf|DIR`: its weights in the
+// dtypes the file chooses unless given, and its own tokenizer), with the plain chat template.
+inline std::unique_ptr<Engine> file_engine(const std::string& program, const std::string& path,
+                                           const std::string& device, const std::string& dtype,
+                                           const std::string& weights = "",
+                                           const std::string& kv_dtype = "",
+                                           EngineOptions options = {}) {
+  options.chat_template = "plain";
+  options.load.device = parse_device(device);
+  if (!dtype.empty()) options.load.dtype = parse_dtype(dtype);
+  if (!weights.empty()) options.load.weights = parse_weight_dtype(weights);
+  if (!kv_dtype.empty()) options.load.kv_dtype = parse_dtype(kv_dtype);
+  auto model = LlamaModel::load(path, options.load);
+  std::cerr << program << ": " << path << ": weights " << dtype_name(model->weight_dtype())
+            << ", compute " << dtype_name(model->dtype()) << ", KV "
+            << dtype_name(model->kv_dtype()) << "\n";
+  return std::make_unique<Engine>(std::move(model), load_tokenizer(path), options);
 }
 
 // A document-QA schema `name` of `tokens` tokens: BOS + modules of 128 tokens of the corpus

@@ -11,8 +11,11 @@
 // --model runs a model file or folder (a GGUF file of any type `promptcache convert` writes)
 // instead of the synthetic checkpoint, its dtypes as it chooses them (--weights default or a
 // dtype); each line then has the file's bytes and the process's resident memory (VmRSS) before
-// the load and after the runs, whose difference is what the model holds (weights, KV cache,
-// scratch) against the file's size.
+// the load, right after it and after the runs, whose differences are what the model holds
+// (weights; then KV cache, activations, scratch) against the file's size. The config is read
+// from the file's metadata (no load before the measured one), and the reference matmul (below)
+// runs once at its largest size before the load, so its buffers (OpenBLAS's, the allocator's)
+// are in the baseline rather than counted as the model's.
 // The synthetic checkpoint is stored in --checkpoint (default bf16, as current HuggingFace models
 // ship); "default" (the default of both lists) leaves the dtype unset, so the model chooses it
 // for that checkpoint as a user's does (choose_dtypes: bf16 weights mapped as stored, bf16 KV,
@@ -50,6 +53,7 @@
 #include "bench_ggml.hpp"
 #include "bench_kernels.hpp"
 #include "promptcache/generation.hpp"
+#include "promptcache/model/gguf_config.hpp"
 #include "promptcache/model/llama.hpp"
 #include "promptcache/model/synthetic.hpp"
 #include "promptcache/model/threads.hpp"
@@ -347,7 +351,7 @@ int main(int argc, char** argv) {
 
   const int64_t rss_start = resident_bytes();
   const pc::ModelConfig config = args.model.empty() ? pc::synthetic_config(args.shape)
-                                                    : pc::LlamaModel::load(args.model)->config();
+                                                    : pc::gguf::load_model_config(args.model);
   // The checkpoint as stored (what a folder of that dtype maps).
   std::map<std::string, torch::Tensor> weights;
   if (args.model.empty()) {
@@ -380,10 +384,16 @@ int main(int argc, char** argv) {
           blocks[name] = t.dim() == 2 ? pc::ggml::quantize(t, *block) : t;
         }
       }
+      const int64_t max_n = *std::max_element(args.tokens.begin(), args.tokens.end());
+      if (!args.model.empty()) {
+        // The reference matmul's buffers before the baseline: they are not the model's.
+        gemm_gflops(std::max<int64_t>(128, max_n), config.hidden_size, config.intermediate_size);
+      }
       const int64_t rss_before = resident_bytes();
       const auto model = args.model.empty()
                              ? pc::LlamaModel::from_tensors(config, block ? blocks : weights, load)
                              : pc::LlamaModel::load(args.model, load);
+      const int64_t rss_loaded = resident_bytes();
       const std::string weights_dtype =
           block ? weights_flag : pc::dtype_name(model->weight_dtype());
       const std::string kv_dtype = pc::dtype_name(model->kv_dtype());
@@ -393,7 +403,6 @@ int main(int argc, char** argv) {
                 << "), CPU kernels " << pc::cpu_linear_name(kernel) << "\n";
 
       torch::manual_seed(0);
-      const int64_t max_n = *std::max_element(args.tokens.begin(), args.tokens.end());
       const auto all_ids =
           torch::randint(0, config.vocab_size, {1, max_n + args.decode_steps}, torch::kInt64);
       const auto all_pos = torch::arange(max_n + args.decode_steps, torch::kInt64).unsqueeze(0);
@@ -442,6 +451,7 @@ int main(int argc, char** argv) {
           j["file_bytes"] = ec ? int64_t{0} : static_cast<int64_t>(size);
           j["rss_process_start_bytes"] = rss_start;
           j["rss_before_load_bytes"] = rss_before;
+          j["rss_after_load_bytes"] = rss_loaded;
           j["rss_after_bytes"] = resident_bytes();
         }
         j["kv_dtype"] = kv_dtype;

@@ -19,13 +19,15 @@
 //                               [--threads N] [--shape bench-small] [--device cpu|cuda]
 //                               [--dtype f32|f16|bf16] [--weights f32|bf16|f16|q8]
 //                               [--kv-dtype f32|bf16|f16] [--checkpoint bf16|f16|f32]
-//                               [--kernels on|off|avx512|avx2,...]
+//                               [--kernels on|off|avx512|avx2,...] [--model FILE.gguf|DIR]
 // The synthetic checkpoint is stored in --checkpoint (default bf16, as current HuggingFace
 // models ship). --dtype is the compute dtype, --weights the dtype the weight matrices are kept
 // in (bf16/f16/q8 with f32 compute on the CPU), --kv-dtype the KV cache's and the stored
 // states' (bf16/f16 with f32 compute on the CPU: half the bytes to store, assemble and read);
 // each unset, the model chooses it for the checkpoint as for a user's folder (on the CPU: f32
-// compute, weights as stored, bf16 KV with bf16 weights).
+// compute, weights as stored, bf16 KV with bf16 weights). --model runs a model file or folder
+// instead of the synthetic shape (a GGUF file's weights as it stores them, its own tokenizer for
+// the schema's texts); its lines then name it in "model" and "shape" is "--model".
 #include <torch/types.h>
 
 #include <algorithm>
@@ -65,11 +67,12 @@ struct Samples {
 int main(int argc, char** argv) {
   const bench::Flags flags(argc, argv, "bench_ttft",
                            {"schema", "fresh", "repeats", "threads", "shape", "device", "dtype",
-                            "weights", "kv-dtype", "checkpoint", "kernels"});
+                            "weights", "kv-dtype", "checkpoint", "kernels", "model"});
   const auto schema_sizes = flags.list("schema", {512, 1024, 2048, 4096});
   const auto fresh_sizes = flags.list("fresh", {16, 64});
   const int repeats = flags.integer("repeats", 3), threads = flags.integer("threads", 0);
-  const std::string shape = flags.text("shape", "bench-small");
+  const std::string model_path = flags.text("model", "");
+  const std::string shape = model_path.empty() ? flags.text("shape", "bench-small") : "--model";
   const std::string device = flags.text("device", "cpu"), dtype = flags.text("dtype", "");
   const auto applied = configure_threads(threads);
   const auto kernel_settings = bench::kernel_settings(
@@ -77,8 +80,11 @@ int main(int argc, char** argv) {
       flags.words("kernels", cpu_linear_kernel() == CpuLinearKernel::kNone ? "off" : "on"));
   select_cpu_linear(kernel_settings.front());  // for compiling
   const auto engine_owner =
-      bench::synthetic_engine("bench_ttft", shape, device, dtype, flags.text("weights", ""),
-                              flags.text("kv-dtype", ""), flags.text("checkpoint", "bf16"));
+      model_path.empty()
+          ? bench::synthetic_engine("bench_ttft", shape, device, dtype, flags.text("weights", ""),
+                                    flags.text("kv-dtype", ""), flags.text("checkpoint", "bf16"))
+          : bench::file_engine("bench_ttft", model_path, device, dtype, flags.text("weights", ""),
+                               flags.text("kv-dtype", ""));
   Engine& engine = *engine_owner;
   const auto words = bench::corpus_words();
   auto make_schema = [&](const std::string& name, int tokens, std::size_t from) {
@@ -198,6 +204,7 @@ int main(int argc, char** argv) {
                                      s.copied_response.tokens == s.uncached_response.tokens},
             {"kernels", cpu_linear_name(s.kernel)}};
         j.update(bench::run_facts(engine, device, dtype, applied));
+        if (!model_path.empty()) j["model"] = model_path;
         std::cout << j.dump() << std::endl;
       }
     }

@@ -23,8 +23,9 @@ struct TypeInfo {
 };
 constexpr TypeInfo kTypes[] = {
     {Type::F32, "F32", 1, 4},       {Type::F16, "F16", 1, 2},       {Type::Q4_0, "Q4_0", 32, 18},
-    {Type::Q8_0, "Q8_0", 32, 34},   {Type::Q4_K, "Q4_K", 256, 144}, {Type::Q5_K, "Q5_K", 256, 176},
-    {Type::Q6_K, "Q6_K", 256, 210}, {Type::BF16, "BF16", 1, 2},
+    {Type::Q5_0, "Q5_0", 32, 22},   {Type::Q5_1, "Q5_1", 32, 24},   {Type::Q8_0, "Q8_0", 32, 34},
+    {Type::Q4_K, "Q4_K", 256, 144}, {Type::Q5_K, "Q5_K", 256, 176}, {Type::Q6_K, "Q6_K", 256, 210},
+    {Type::BF16, "BF16", 1, 2},
 };
 
 const TypeInfo& info(Type t) {
@@ -47,6 +48,10 @@ std::optional<kq::Format> format_of(Type t) {
       return kq::Format::kQ5_K;
     case Type::Q6_K:
       return kq::Format::kQ6_K;
+    case Type::Q5_0:
+      return kq::Format::kQ5_0;
+    case Type::Q5_1:
+      return kq::Format::kQ5_1;
     default:
       return std::nullopt;
   }
@@ -89,7 +94,8 @@ std::optional<Type> quant_type_of(const torch::Tensor& weight) {
   if (!weight.defined() || weight.scalar_type() != torch::kUInt8 || weight.dim() != 3) {
     return std::nullopt;
   }
-  for (Type t : {Type::Q4_0, Type::Q8_0, Type::Q4_K, Type::Q5_K, Type::Q6_K}) {
+  for (Type t :
+       {Type::Q4_0, Type::Q5_0, Type::Q5_1, Type::Q8_0, Type::Q4_K, Type::Q5_K, Type::Q6_K}) {
     if (weight.size(2) == block_bytes(t)) return t;
   }
   return std::nullopt;
@@ -135,7 +141,7 @@ torch::Tensor dequantize(const torch::Tensor& q) {
   if (!t) {
     throw Error(ErrorKind::kInvalidArgument,
                 "dequantize: not a block-quantized tensor (uint8 [n, blocks, bytes] with bytes "
-                "18, 34, 144, 176 or 210)");
+                "18, 22, 24, 34, 144, 176 or 210)");
   }
   const auto format = *format_of(*t);
   const auto qc = q.to(torch::kCPU).contiguous();

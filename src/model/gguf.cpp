@@ -24,8 +24,9 @@ namespace promptcache::gguf {
 namespace {
 
 const TypeInfo kTypes[] = {
-    {0, "F32", 1, 4},       {1, "F16", 1, 2},       {2, "Q4_0", 32, 18},    {8, "Q8_0", 32, 34},
-    {12, "Q4_K", 256, 144}, {13, "Q5_K", 256, 176}, {14, "Q6_K", 256, 210}, {30, "BF16", 1, 2},
+    {0, "F32", 1, 4},       {1, "F16", 1, 2},    {2, "Q4_0", 32, 18},    {6, "Q5_0", 32, 22},
+    {7, "Q5_1", 32, 24},    {8, "Q8_0", 32, 34}, {12, "Q4_K", 256, 144}, {13, "Q5_K", 256, 176},
+    {14, "Q6_K", 256, 210}, {30, "BF16", 1, 2},
 };
 
 // llama.cpp's names for the ids, for messages about types this build does not read.
@@ -502,6 +503,10 @@ std::shared_ptr<File> File::open(const std::string& path) {
 
 File::~File() {
   if (map_ != nullptr) ::munmap(map_, size_);
+}
+
+void File::release_metadata() {
+  std::map<std::string, Value>().swap(header_.metadata);
 }
 
 const Value* File::find(const std::string& key) const {

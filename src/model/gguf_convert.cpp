@@ -21,7 +21,7 @@
 namespace promptcache::gguf {
 namespace {
 
-constexpr uint32_t kF32 = 0, kF16 = 1, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14, kBF16 = 30;
+constexpr uint32_t kF32 = 0, kF16 = 1, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14, kBF16 = 30;
 
 const std::pair<const char*, FileType> kFileTypes[] = {
     {"f32", FileType::kF32},      {"f16", FileType::kF16},   {"bf16", FileType::kBF16},
@@ -95,9 +95,10 @@ std::pair<std::string, torch::Tensor> encode(const torch::Tensor& w, uint32_t ty
       const torch::Tensor q = quantize_q8(w);
       return {q8_0_from_q8(q, k), dequantize_q8(q, k)};
     }
+    case kQ5_0:
     case kQ4_K:
     case kQ6_K: {
-      // ggml_quant.hpp's blocks [n, k / 256, bytes] are the tensor's bytes in the file.
+      // ggml_quant.hpp's blocks [n, k / B, bytes] are the tensor's bytes in the file.
       const torch::Tensor q = ggml::quantize(w, static_cast<ggml::Type>(type));
       return {raw(q), ggml::dequantize(q)};
     }
@@ -157,10 +158,12 @@ uint32_t plan_tensor_type(FileType type, const std::string& name, const std::vec
       break;
     }
   }
+  // llama.cpp's fallbacks (llama_tensor_get_type) for rows of no whole 256-block: Q4_K -> Q5_0,
+  // Q6_K -> Q8_0, then F16 for rows of no whole 32-block either.
   const int64_t k = shape[1];
   if (want == kQ4_K || want == kQ6_K) {
     if (k % 256 == 0) return want;
-    want = kQ8_0;
+    want = want == kQ4_K ? kQ5_0 : kQ8_0;
   }
   return k % 32 == 0 ? want : kF16;
 }

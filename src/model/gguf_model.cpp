@@ -222,6 +222,9 @@ std::map<std::string, torch::Tensor> hf_tensors(const std::shared_ptr<File>& fil
 std::unique_ptr<LlamaModel> load_model(const std::string& path, const LoadOptions& options) {
   const auto file = File::open(path);
   const ModelConfig config = config_from_file(*file);
+  // The weights keep the file (its mapping) alive, not its vocabulary and other metadata: the
+  // tokenizer reads those from a File of its own (load_tokenizer).
+  file->release_metadata();
   return LlamaModel::from_tensors(config, hf_tensors(file, config), options, path);
 }
 

@@ -33,6 +33,10 @@ kq::Format format_of(ggml::Type t) {
       return kq::Format::kQ4_K;
     case ggml::Type::Q5_K:
       return kq::Format::kQ5_K;
+    case ggml::Type::Q5_0:
+      return kq::Format::kQ5_0;
+    case ggml::Type::Q5_1:
+      return kq::Format::kQ5_1;
     default:
       return kq::Format::kQ6_K;
   }

@@ -2,7 +2,7 @@
 """Cross-check of GGML's block formats against llama.cpp's gguf-py (pure numpy).
 
 Run by tests/model/test_ggml_quant_gguf_py.cpp, which writes into DIR: x.f32 (rows of K float32
-values, K a multiple of 256) and, per type T in Q4_0 Q8_0 Q4_K Q5_K Q6_K, ours_T.bin (our
+values, K a multiple of 256) and, per type T in Q4_0 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K, ours_T.bin (our
 quantize() of x) and random_T.bin (random valid blocks). This script writes, with gguf-py:
   ours_T.deq.f32    gguf-py's dequantization of ours_T.bin
   random_T.deq.f32  gguf-py's dequantization of random_T.bin
@@ -28,7 +28,7 @@ from gguf.constants import GGMLQuantizationType  # noqa: E402
 
 x = np.fromfile(os.path.join(work, "x.f32"), dtype=np.float32).reshape(-1, k)
 done = []
-for name in ["Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]:
+for name in ["Q4_0", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]:
     qtype = GGMLQuantizationType[name]
     block, size = quants.GGML_QUANT_SIZES[qtype]
     for stem in ["ours", "random"]:

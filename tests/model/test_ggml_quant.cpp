@@ -23,7 +23,8 @@ using ggml::Type;
 
 namespace {
 
-constexpr Type kBlockTypes[] = {Type::Q4_0, Type::Q8_0, Type::Q4_K, Type::Q5_K, Type::Q6_K};
+constexpr Type kBlockTypes[] = {Type::Q4_0, Type::Q5_0, Type::Q5_1, Type::Q8_0,
+                                Type::Q4_K, Type::Q5_K, Type::Q6_K};
 
 void put_f16(uint8_t* p, float v) {
   const auto h = torch::tensor({v}).to(torch::kFloat16).contiguous();
@@ -63,8 +64,9 @@ TEST_CASE("ggml type table has GGML's ids, names and block sizes", "[ggml_quant]
     int64_t elements, bytes;
   };
   const Row rows[] = {{0, "F32", 1, 4},       {1, "F16", 1, 2},       {2, "Q4_0", 32, 18},
-                      {8, "Q8_0", 32, 34},    {12, "Q4_K", 256, 144}, {13, "Q5_K", 256, 176},
-                      {14, "Q6_K", 256, 210}, {30, "BF16", 1, 2}};
+                      {6, "Q5_0", 32, 22},    {7, "Q5_1", 32, 24},    {8, "Q8_0", 32, 34},
+                      {12, "Q4_K", 256, 144}, {13, "Q5_K", 256, 176}, {14, "Q6_K", 256, 210},
+                      {30, "BF16", 1, 2}};
   for (const auto& r : rows) {
     const auto t = ggml::type_from_id(r.id);
     REQUIRE(t.has_value());
@@ -72,11 +74,13 @@ TEST_CASE("ggml type table has GGML's ids, names and block sizes", "[ggml_quant]
     CHECK(ggml::block_elements(*t) == r.elements);
     CHECK(ggml::block_bytes(*t) == r.bytes);
   }
-  for (uint32_t unknown : {3u, 6u, 7u, 10u, 11u, 15u, 29u, 1000u}) {
+  for (uint32_t unknown : {3u, 9u, 10u, 11u, 15u, 29u, 1000u}) {
     CHECK_FALSE(ggml::type_from_id(unknown).has_value());
   }
   CHECK(ggml::quant_type_of(torch::zeros({4, 2, 144}, torch::kUInt8)) == Type::Q4_K);
   CHECK(ggml::quant_type_of(torch::zeros({4, 2, 210}, torch::kUInt8)) == Type::Q6_K);
+  CHECK(ggml::quant_type_of(torch::zeros({4, 2, 22}, torch::kUInt8)) == Type::Q5_0);
+  CHECK(ggml::quant_type_of(torch::zeros({4, 2, 24}, torch::kUInt8)) == Type::Q5_1);
   CHECK_FALSE(ggml::quant_type_of(torch::zeros({4, 2, 144}, torch::kInt8)).has_value());
   CHECK_FALSE(ggml::quant_type_of(torch::zeros({4, 288}, torch::kUInt8)).has_value());
   CHECK_FALSE(ggml::quant_type_of(torch::zeros({4, 2, 100}, torch::kUInt8)).has_value());
@@ -100,6 +104,31 @@ TEST_CASE("ggml dequantize decodes hand-built blocks of every format", "[ggml_qu
     const auto y = ggml::dequantize(one_block(Type::Q8_0, b)).flatten();
     for (int j = 0; j < 32; ++j)
       CHECK(y[j].item<float>() == 0.25f * static_cast<float>(j * 8 - 128));
+  }
+  SECTION("Q5_0 and Q5_1: nibbles plus bit j of qh as value j's fifth bit") {
+    for (bool one : {false, true}) {
+      const Type t = one ? Type::Q5_1 : Type::Q5_0;
+      std::vector<uint8_t> b(static_cast<std::size_t>(ggml::block_bytes(t)));
+      put_f16(b.data(), 0.5f);
+      if (one) put_f16(b.data() + 2, -3.0f);
+      uint8_t* qh = b.data() + (one ? 4 : 2);
+      uint8_t* qs = qh + 4;
+      for (int j = 0; j < 16; ++j) qs[j] = static_cast<uint8_t>(j | ((15 - j) << 4));
+      // qh as a little-endian u32: bits 1, 9 (value 9's high bit, byte 1), 16 and 31.
+      qh[0] = 1 << 1;
+      qh[1] = 1 << 1;
+      qh[2] = 1;
+      qh[3] = 1 << 7;
+      const auto y = ggml::dequantize(one_block(t, b)).flatten();
+      for (int j = 0; j < 32; ++j) {
+        const int nibble = j < 16 ? j : 15 - (j - 16);
+        const bool high = j == 1 || j == 9 || j == 16 || j == 31;
+        const int q = nibble + (high ? 16 : 0);
+        CAPTURE(one, j);
+        CHECK(y[j].item<float>() ==
+              (one ? 0.5f * static_cast<float>(q) - 3.0f : 0.5f * static_cast<float>(q - 16)));
+      }
+    }
   }
   SECTION("Q4_K and Q5_K: packed 6-bit scales and mins, sub-block pairs share bytes") {
     for (bool five : {false, true}) {
@@ -155,10 +184,8 @@ TEST_CASE("ggml quantize stays within each type's stated error bound", "[ggml_qu
     Type t;
     double rms;
   };
-  const Bound bounds[] = {{Type::Q8_0, 0.006},
-                          {Type::Q6_K, 0.02},
-                          {Type::Q5_K, 0.04},
-                          {Type::Q4_K, 0.08},
+  const Bound bounds[] = {{Type::Q8_0, 0.006}, {Type::Q6_K, 0.02}, {Type::Q5_K, 0.04},
+                          {Type::Q5_1, 0.045}, {Type::Q5_0, 0.05}, {Type::Q4_K, 0.08},
                           {Type::Q4_0, 0.095}};
   torch::manual_seed(7);
   const auto w = torch::randn({64, 1024});

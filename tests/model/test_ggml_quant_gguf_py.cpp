@@ -1,7 +1,7 @@
 // GGML's block formats checked against an independent implementation, llama.cpp's gguf-py (pure
 // numpy): blocks from our quantize() and random valid blocks dequantized by both, and blocks that
-// gguf-py quantizes (Q4_0, Q8_0: it has no K-quant quantizer) dequantized by ours, all bitwise
-// equal. Needs PROMPTCACHE_GGUF_PY=<llama.cpp>/gguf-py and a python3 with numpy
+// gguf-py quantizes (Q4_0, Q5_0, Q5_1, Q8_0: it has no K-quant quantizer) dequantized by ours, all
+// bitwise equal. Needs PROMPTCACHE_GGUF_PY=<llama.cpp>/gguf-py and a python3 with numpy
 // (PROMPTCACHE_PYTHON names it, default python3); skipped visibly without PROMPTCACHE_GGUF_PY
 // (docs/architecture.md says how to get the tree).
 #include <torch/types.h>
@@ -71,7 +71,8 @@ TEST_CASE("ggml block formats equal llama.cpp gguf-py's bitwise", "[ggml_quant][
   x[2].mul_(1e-3);
   x[3].zero_();
   write_all(dir.file("x.f32"), x);
-  const Type types[] = {Type::Q4_0, Type::Q8_0, Type::Q4_K, Type::Q5_K, Type::Q6_K};
+  const Type types[] = {Type::Q4_0, Type::Q5_0, Type::Q5_1, Type::Q8_0,
+                        Type::Q4_K, Type::Q5_K, Type::Q6_K};
   for (Type t : types) {
     const std::string name(ggml::type_name(t));
     write_all(dir.file("ours_" + name + ".bin"), ggml::quantize(x, t));
@@ -113,5 +114,5 @@ TEST_CASE("ggml block formats equal llama.cpp gguf-py's bitwise", "[ggml_quant][
       CHECK(rms < 0.11);
     }
   }
-  CHECK(quantized_by_them >= 2);  // Q4_0 and Q8_0
+  CHECK(quantized_by_them >= 4);  // Q4_0, Q5_0, Q5_1 and Q8_0
 }

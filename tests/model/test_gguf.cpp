@@ -143,6 +143,24 @@ TEST_CASE("gguf Q/K row permutation is llama.cpp's and undoes itself", "[gguf]")
                      blocks));
 }
 
+TEST_CASE("gguf File::release_metadata frees the metadata and keeps the tensors", "[gguf]") {
+  test::TempDir dir("promptcache-gguf-release");
+  gguf::Writer w;
+  w.set("general.architecture", gguf::Value::string("llama"));
+  w.add_tensor("t", {4}, 0, std::string(16, '\x01'));
+  const std::string path = dir.file("m.gguf");
+  w.write(path);
+  const auto f = gguf::File::open(path);
+  REQUIRE(f->find("general.architecture") != nullptr);
+  f->release_metadata();
+  CHECK(f->metadata().empty());
+  CHECK(f->find("general.architecture") == nullptr);
+  const auto* t = f->tensor("t");
+  REQUIRE(t != nullptr);
+  CHECK(f->data(*t)[0] == 1);
+  CHECK(f->data(*t)[15] == 1);
+}
+
 TEST_CASE("gguf Q4_K_M type plan follows llama_model_quantize", "[gguf]") {
   using gguf::FileType;
   const std::vector<int64_t> m = {4096, 4096};
@@ -163,8 +181,13 @@ TEST_CASE("gguf Q4_K_M type plan follows llama_model_quantize", "[gguf]") {
   }
   CHECK(gguf::plan_tensor_type(FileType::kQ4_K_M, "blk.0.attn_norm.weight", {4096}, 32, false) ==
         0);
-  // Rows that are not whole 256-blocks fall back (Q8_0), then F16 when not whole 32-blocks.
-  CHECK(gguf::plan_tensor_type(FileType::kQ4_K_M, "blk.1.ffn_up.weight", {64, 96}, 32, false) == 8);
+  // Rows that are not whole 256-blocks fall back as llama_tensor_get_type's table says (Q4_K to
+  // Q5_0, Q6_K to Q8_0), then F16 when not whole 32-blocks.
+  CHECK(gguf::plan_tensor_type(FileType::kQ4_K_M, "blk.1.ffn_up.weight", {64, 96}, 32, false) == 6);
+  CHECK(gguf::plan_tensor_type(FileType::kQ4_K, "blk.1.ffn_up.weight", {64, 96}, 32, false) == 6);
+  CHECK(gguf::plan_tensor_type(FileType::kQ4_K_M, "output.weight", {64, 96}, 32, false) == 8);
+  CHECK(gguf::plan_tensor_type(FileType::kQ6_K, "blk.1.ffn_up.weight", {64, 96}, 32, false) == 8);
+  CHECK(gguf::plan_tensor_type(FileType::kQ4_K_M, "blk.1.ffn_up.weight", {64, 40}, 32, false) == 1);
   CHECK(gguf::plan_tensor_type(FileType::kQ8_0, "blk.1.ffn_up.weight", {64, 40}, 32, false) == 1);
   CHECK(gguf::plan_tensor_type(FileType::kBF16, "blk.1.ffn_up.weight", {64, 40}, 32, false) == 30);
 }
@@ -455,23 +478,25 @@ TEST_CASE("gguf q4_k, q6_k and q4_k_m files load as mapped blocks and agree with
   }
 }
 
-TEST_CASE("gguf q4_k_m rows that are no whole K-quant block fall back to Q8_0 blocks",
+TEST_CASE("gguf q4_k_m rows that are no whole K-quant block fall back to Q5_0 and Q8_0 blocks",
           "[gguf][kquant]") {
-  // An MLP of 288: gate/up rows (256) are Q4_K, down_proj's rows (288) are Q8_0, which a file
-  // with K-quants holds as blocks beside them (mapped, not repacked into q8).
+  // An MLP of 288: gate/up rows (256) are Q4_K, down_proj's rows (288) Q5_0 where the plan says
+  // Q4_K and Q8_0 where it says Q6_K (llama.cpp's fallbacks), which a file with K-quants holds as
+  // blocks beside them (mapped, not repacked into q8).
   test::TempDir dir("promptcache-gguf-kqf");
   const std::string folder = kquant_folder(dir, "tiny", 288);
   const std::string path = dir.file("m.gguf");
   const auto report = gguf::convert_folder(folder, path, gguf::FileType::kQ4_K_M);
   std::map<std::string, std::string> type_of;
   for (const auto& t : report.tensors) type_of[t.name] = t.type;
-  CHECK(type_of["blk.1.ffn_down.weight"] == "Q8_0");
-  CHECK(type_of["blk.0.ffn_down.weight"] == "Q8_0");  // Q6_K by the plan, Q8_0 as llama.cpp's
+  CHECK(type_of["blk.1.ffn_down.weight"] == "Q5_0");  // Q4_K by the plan
+  CHECK(type_of["blk.0.ffn_down.weight"] == "Q8_0");  // Q6_K by the plan
   CHECK(type_of["blk.1.ffn_up.weight"] == "Q4_K");
   CHECK(type_of["blk.0.attn_v.weight"] == "Q6_K");
   for (const auto& t : report.types) {
     INFO(t.type);
     if (t.type == "Q8_0") CHECK(t.worst_rms_relative_error < 0.01);
+    if (t.type == "Q5_0") CHECK(t.worst_rms_relative_error < 0.05);
   }
 
   const auto file = gguf::File::open(path);
@@ -479,9 +504,13 @@ TEST_CASE("gguf q4_k_m rows that are no whole K-quant block fall back to Q8_0 bl
   const ModelConfig config = ModelConfig::from_json_file(folder + "/config.json");
   const auto tensors = gguf::hf_tensors(file, config);
   const auto& down = tensors.at("model.layers.1.mlp.down_proj.weight");
-  CHECK(ggml::quant_type_of(down) == ggml::Type::Q8_0);
+  CHECK(ggml::quant_type_of(down) == ggml::Type::Q5_0);
   CHECK(down.data_ptr() == static_cast<const void*>(file->data(
                                *file->tensor("blk.1.ffn_down.weight"))));  // a view of the mapping
+  const auto& down0 = tensors.at("model.layers.0.mlp.down_proj.weight");
+  CHECK(ggml::quant_type_of(down0) == ggml::Type::Q8_0);
+  CHECK(down0.data_ptr() ==
+        static_cast<const void*>(file->data(*file->tensor("blk.0.ffn_down.weight"))));
   CHECK(ggml::quant_type_of(tensors.at("model.layers.1.mlp.up_proj.weight")) == ggml::Type::Q4_K);
 
   const auto model = LlamaModel::load(path);
@@ -498,28 +527,48 @@ TEST_CASE("gguf q4_k_m rows that are no whole K-quant block fall back to Q8_0 bl
 TEST_CASE("gguf q4_k and q4_k_m of stories260K: the fallbacks, greedy tokens as the folder's",
           "[gguf][kquant][stories260k]") {
   // stories260K's rows are 64 and 172 wide, no whole 256-blocks: as llama.cpp's quantizer, a
-  // q4_k / q4_k_m file stores them as Q8_0 (llama.cpp: Q5_0, not among this build's types) and
-  // F16 (172 is no whole 32-block either), i.e. the q8_0 file's tensors.
+  // q4_k / q4_k_m file stores them as Q5_0 (planned Q4_K) or Q8_0 (planned Q6_K: q4_k_m's
+  // output, attn_v and ffn_down picks) where they are whole 32-blocks (64), else F16 (172).
   const std::string folder = test::checked_stories260k_dir();
   test::TempDir dir("promptcache-gguf-sk");
   const auto tok = load_tokenizer(folder);
   const auto prompt = tok->encode("Once upon a time, there was a little girl", true);
-  const std::string q8 = dir.file("s-q8_0.gguf");
-  gguf::convert_folder(folder, q8, gguf::FileType::kQ8_0);
-  const auto from_q8 = LlamaModel::load(q8);
-  const auto ref = LlamaModel::load(folder);
+  const auto ref = LlamaModel::load(folder, with_weights(torch::kFloat32));
+  const auto want_logits = all_logits(*ref, prompt);
   const auto want = greedy(*ref, *tok, prompt, 20);
   for (const auto type : {gguf::FileType::kQ4_K, gguf::FileType::kQ4_K_M}) {
     const std::string path = dir.file("s-" + gguf::file_type_name(type) + ".gguf");
     INFO(path);
     const auto report = gguf::convert_folder(folder, path, type);
+    std::map<std::string, int> count;
     for (const auto& t : report.tensors) {
       INFO(t.name);
-      if (t.shape.size() == 2) CHECK(t.type == (t.shape[1] % 32 == 0 ? "Q8_0" : "F16"));
+      if (t.shape.size() != 2) continue;
+      ++count[t.type];
+      if (t.shape[1] % 32 != 0) {
+        CHECK(t.type == "F16");
+      } else if (type == gguf::FileType::kQ4_K) {
+        CHECK(t.type == "Q5_0");
+      } else {
+        CHECK((t.type == "Q5_0" || t.type == "Q8_0"));
+      }
+      if (t.type == "Q5_0") CHECK(t.rms_relative_error < 0.06);  // 0.0498 measured at worst
     }
+    CHECK(count["Q5_0"] > 0);
+    if (type == gguf::FileType::kQ4_K_M) CHECK(count["Q8_0"] > 0);
+    CHECK(count["Q4_K"] + count["Q6_K"] == 0);
     const auto model = LlamaModel::load(path);
-    CHECK(torch::equal(all_logits(*model, prompt), all_logits(*from_q8, prompt)));
-    // The folder (f32) and the file agree on all 20 greedy tokens.
+    CHECK(model->dtype_choice().checkpoint == torch::kUInt8);  // Q5_0 blocks, mapped
+    // Against the folder in f32: stories260K's logits are peaked (a trained model), so the file's
+    // 5-bit weights keep the top token. Measured (2026-12-07): logits RMS relative difference
+    // 0.072 (q4_k) and 0.062 (q4_k_m), the top token at every position and all 20 greedy tokens
+    // the folder's.
+    const auto got = all_logits(*model, prompt);
+    const double rms = ((got - want_logits).norm() / want_logits.norm()).item<double>();
+    const double agree = top1_agreement(got, want_logits);
+    INFO("logits RMS relative difference " << rms << ", top-1 agreement " << agree);
+    CHECK(rms < 0.15);
+    CHECK(agree >= 0.9);
     const auto gtok = load_tokenizer(path);
     CHECK(greedy(*model, *gtok, prompt, 20) == want);
   }

@@ -87,7 +87,7 @@ struct TypeInfo {
 const TypeInfo* type_info(uint32_t id);
 // The GGML name of any id llama.cpp defines ("Q3_K"), else "unknown".
 std::string type_name_of_id(uint32_t id);
-// "F32, F16, Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, BF16", for messages.
+// "F32, F16, Q4_0, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16", for messages.
 std::string supported_types();
 
 struct TensorInfo {
@@ -139,6 +139,11 @@ class File {
   // still correct (the pages come back from the file).
   void drop_pages(const TensorInfo& t) const;
   std::size_t file_size() const { return size_; }
+  // Frees the parsed metadata (metadata() is empty and find() finds nothing afterwards); the
+  // tensor infos and the mapping stay. For a File kept alive by tensors that view its mapping
+  // (a loaded model's weights) once the config is read: a 32000-token vocabulary's parsed
+  // values alone are some 9 MB that the model would otherwise hold for its lifetime.
+  void release_metadata();
 
   // Typed metadata look-ups: nullopt when the key is absent; Error(kModel) naming the key when
   // it holds another type (or a negative / out-of-range number for integers).

@@ -26,8 +26,8 @@ std::string file_type_name(FileType type);
 // LLAMA_FTYPE_MOSTLY_Q4_K_M: Q4_K except Q6_K for output.weight (token_embd.weight when the
 // embeddings are tied) and for attn_v / ffn_down of the layers use_more_bits picks (the first
 // and last eighth, and every third between). A row length that is no whole number of blocks
-// falls back as llama.cpp's does: Q8_0 -> F16, Q4_K / Q6_K -> Q8_0 (llama.cpp: Q5_0 / Q8_0;
-// Q5_0 is not among this build's types), or F16 when not even Q8_0 fits.
+// falls back as llama.cpp's does (llama_tensor_get_type): Q8_0 -> F16, Q4_K -> Q5_0,
+// Q6_K -> Q8_0, or F16 when not even a 32-block fits.
 uint32_t plan_tensor_type(FileType type, const std::string& gguf_name,
                           const std::vector<int64_t>& shape, int64_t num_layers, bool tied);
 

@@ -1,12 +1,12 @@
 // promptcache/model/quant_linear.hpp — y = x Wᵀ on the CPU for block-quantized weights (GGML's
-// Q4_0, Q8_0, Q4_K, Q5_K, Q6_K as uint8 [n, k / B, bytes] tensors,
+// Q4_0, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K as uint8 [n, k / B, bytes] tensors,
 // promptcache/model/ggml_quant.hpp), computed from the blocks directly. linear_layer()
 // (cpu_linear.hpp) sends such weights here.
 //
 // Every path multiplies x rounded to 8 bits per block with the weights: blocks of 32 values for
-// Q4_0/Q8_0 weights, of 256 for the K-quants (as llama.cpp's Q8_0 and Q8_K activations), each
-// block's d = max |x| / 127 and x -> nearbyint(x / d) * d; the rounding costs ~0.7% RMS of each
-// output against f32 x (docs/architecture.md). With the kernels on, every row count takes the
+// Q4_0/Q5_0/Q5_1/Q8_0 weights, of 256 for the K-quants (as llama.cpp's Q8_0 and Q8_K activations),
+// each block's d = max |x| / 127 and x -> nearbyint(x / d) * d; the rounding costs ~0.7% RMS of
+// each output against f32 x (docs/architecture.md). With the kernels on, every row count takes the
 // integer kernels: they multiply those 8-bit values with the weight blocks in integers (AVX2
 // maddubs/madd, AVX-512 VNNI vpdpbusd, or the scalar reference; all three bitwise the same), and
 // a row's result is bitwise the same whatever the other rows of the call. That is what the

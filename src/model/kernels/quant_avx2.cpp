@@ -30,6 +30,29 @@ float dot_q4_0(const uint8_t* w, const uint8_t* xq, long long nb) {
   return acc;
 }
 
+float dot_q5_0(const uint8_t* w, const uint8_t* xq, long long nb) {
+  const auto* x = reinterpret_cast<const XQ32*>(xq);
+  const __m256i ones = _mm256_set1_epi16(1);
+  float acc = 0;
+  for (long long i = 0; i < nb; ++i, w += 22) {
+    const int32_t s =
+        hsum(dot_scaled(unpack_q5(w + 2, w + 6), load32(x[i].qs), ones)) - 16 * x[i].sum;
+    acc += combine_q32(half(w), x[i].d, s);
+  }
+  return acc;
+}
+
+float dot_q5_1(const uint8_t* w, const uint8_t* xq, long long nb) {
+  const auto* x = reinterpret_cast<const XQ32*>(xq);
+  const __m256i ones = _mm256_set1_epi16(1);
+  float acc = 0;
+  for (long long i = 0; i < nb; ++i, w += 24) {
+    const int32_t s = hsum(dot_scaled(unpack_q5(w + 4, w + 8), load32(x[i].qs), ones));
+    acc += combine_q51(half(w), half(w + 2), x[i].d, s, x[i].sum);
+  }
+  return acc;
+}
+
 float dot_q8_0(const uint8_t* w, const uint8_t* xq, long long nb) {
   const auto* x = reinterpret_cast<const XQ32*>(xq);
   const __m256i ones = _mm256_set1_epi16(1);
@@ -112,6 +135,18 @@ void dequant_q4_0(const uint8_t* w, long long k, float* y) {
   }
 }
 
+void dequant_q5_0(const uint8_t* w, long long k, float* y) {
+  for (long long i = 0; i < k / 32; ++i, w += 22, y += 32) {
+    widen32<true>(_mm256_sub_epi8(unpack_q5(w + 2, w + 6), _mm256_set1_epi8(16)), half(w), 0.0f, y);
+  }
+}
+
+// d * q + m as d * q - (-m) (the same f32 result).
+void dequant_q5_1(const uint8_t* w, long long k, float* y) {
+  for (long long i = 0; i < k / 32; ++i, w += 24, y += 32)
+    widen32<false>(unpack_q5(w + 4, w + 8), half(w), -half(w + 2), y);
+}
+
 void dequant_q8_0(const uint8_t* w, long long k, float* y) {
   for (long long i = 0; i < k / 32; ++i, w += 34, y += 32)
     widen32<true>(load32(w + 2), half(w), 0.0f, y);
@@ -164,13 +199,15 @@ void dequant_q6_k(const uint8_t* w, long long k, float* y) {
 
 }  // namespace
 
-const DequantRowFn dequant_row_avx2[kFormats] = {&dequant_q4_0, &dequant_q8_0, &dequant_qkx<false>,
-                                                 &dequant_qkx<true>, &dequant_q6_k};
+const DequantRowFn dequant_row_avx2[kFormats] = {
+    &dequant_q4_0, &dequant_q8_0, &dequant_qkx<false>, &dequant_qkx<true>,
+    &dequant_q6_k, &dequant_q5_0, &dequant_q5_1};
 
 const QuantRowsFn quant_rows_avx2[kFormats] = {
-    &dot_rows<&dot_q4_0, Format::kQ4_0>, &dot_rows<&dot_q8_0, Format::kQ8_0>,
+    &dot_rows<&dot_q4_0, Format::kQ4_0>,       &dot_rows<&dot_q8_0, Format::kQ8_0>,
     &dot_rows<&dot_qkx<false>, Format::kQ4_K>, &dot_rows<&dot_qkx<true>, Format::kQ5_K>,
-    &dot_rows<&dot_q6_k, Format::kQ6_K>};
+    &dot_rows<&dot_q6_k, Format::kQ6_K>,       &dot_rows<&dot_q5_0, Format::kQ5_0>,
+    &dot_rows<&dot_q5_1, Format::kQ5_1>};
 
 }  // namespace promptcache::kernels::quant
 #else

@@ -35,6 +35,28 @@ float dot_q4_0(const uint8_t* w, const uint8_t* xq, long long nb) {
   return acc;
 }
 
+float dot_q5_0(const uint8_t* w, const uint8_t* xq, long long nb) {
+  const auto* x = reinterpret_cast<const XQ32*>(xq);
+  float acc = 0;
+  for (long long i = 0; i < nb; ++i, w += 22) {
+    const __m256i d =
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), unpack_q5(w + 2, w + 6), load32(x[i].qs));
+    acc += combine_q32(half(w), x[i].d, hsum(d) - 16 * x[i].sum);
+  }
+  return acc;
+}
+
+float dot_q5_1(const uint8_t* w, const uint8_t* xq, long long nb) {
+  const auto* x = reinterpret_cast<const XQ32*>(xq);
+  float acc = 0;
+  for (long long i = 0; i < nb; ++i, w += 24) {
+    const __m256i d =
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), unpack_q5(w + 4, w + 8), load32(x[i].qs));
+    acc += combine_q51(half(w), half(w + 2), x[i].d, hsum(d), x[i].sum);
+  }
+  return acc;
+}
+
 float dot_q8_0(const uint8_t* w, const uint8_t* xq, long long nb) {
   const auto* x = reinterpret_cast<const XQ32*>(xq);
   float acc = 0;
@@ -209,6 +231,30 @@ struct Q40Block {
   }
 };
 
+struct Q50Block {
+  using X = XQ32;
+  static constexpr long long kElements = 32, kBytes = 22;
+  __m256i u;
+  float d;
+  explicit Q50Block(const uint8_t* w) : u(unpack_q5(w + 2, w + 6)), d(half(w)) {}
+  float dot(const XQ32& x) const {
+    const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, load32(x.qs));
+    return combine_q32(d, x.d, hsum(p) - 16 * x.sum);
+  }
+};
+
+struct Q51Block {
+  using X = XQ32;
+  static constexpr long long kElements = 32, kBytes = 24;
+  __m256i u;
+  float d, m;
+  explicit Q51Block(const uint8_t* w) : u(unpack_q5(w + 4, w + 8)), d(half(w)), m(half(w + 2)) {}
+  float dot(const XQ32& x) const {
+    const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, load32(x.qs));
+    return combine_q51(d, m, x.d, hsum(p), x.sum);
+  }
+};
+
 struct Q80Block {
   using X = XQ32;
   static constexpr long long kElements = 32, kBytes = 34;
@@ -237,10 +283,13 @@ void rows_k(const uint8_t* w, long long k, const uint8_t* xq, long long m, long 
 }  // namespace
 
 const QuantRowsFn quant_rows_avx512vnni[kFormats] = {
-    &rows_k<&dot_q4_0, Format::kQ4_0, Q40Block>, &rows_k<&dot_q8_0, Format::kQ8_0, Q80Block>,
+    &rows_k<&dot_q4_0, Format::kQ4_0, Q40Block>,
+    &rows_k<&dot_q8_0, Format::kQ8_0, Q80Block>,
     &rows_k<&dot_qkx<false>, Format::kQ4_K, QkxBlock<false>>,
     &rows_k<&dot_qkx<true>, Format::kQ5_K, QkxBlock<true>>,
-    &rows_k<&dot_q6_k, Format::kQ6_K, Q6kBlock>};
+    &rows_k<&dot_q6_k, Format::kQ6_K, Q6kBlock>,
+    &rows_k<&dot_q5_0, Format::kQ5_0, Q50Block>,
+    &rows_k<&dot_q5_1, Format::kQ5_1, Q51Block>};
 
 }  // namespace promptcache::kernels::quant
 #else

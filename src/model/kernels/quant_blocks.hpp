@@ -1,4 +1,5 @@
-// src/model/kernels/quant_blocks.hpp — GGML's block formats (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K) as byte
+// src/model/kernels/quant_blocks.hpp — GGML's block formats (Q4_0, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
+// Q6_K) as byte
 // layouts, their scalar reference (quant_scalar.cpp) and the entry points of the per-ISA integer
 // dot-product kernels (quant_avx2.cpp, quant_avx512.cpp). Private to the library:
 // src/model/ggml_quant.cpp and src/model/quant_linear.cpp use them.
@@ -7,6 +8,11 @@
 //   Q4_0 (18 bytes, 32 weights): f16 d; u8 qs[16]. w[j] = d * ((qs[j] & 15) - 8),
 //        w[j + 16] = d * ((qs[j] >> 4) - 8), j < 16.
 //   Q8_0 (34 bytes, 32 weights): f16 d; i8 qs[32]. w[j] = d * qs[j].
+//   Q5_0 (22 bytes, 32 weights): f16 d; u8 qh[4]; u8 qs[16]. With h = qh as a little-endian u32,
+//        w[j] = d * (((qs[j] & 15) | (bit j of h) << 4) - 16),
+//        w[j + 16] = d * (((qs[j] >> 4) | (bit j + 16 of h) << 4) - 16), j < 16.
+//   Q5_1 (24 bytes, 32 weights): f16 d; f16 m; u8 qh[4]; u8 qs[16]. The same 5-bit values q
+//        (0..31) as Q5_0, w = d * q + m.
 //   Q4_K (144 bytes, 256 weights): f16 d; f16 dmin; u8 scales[12]; u8 qs[128]. Eight sub-blocks
 //        of 32 with a 6-bit scale sc and min m each (packed, see scale_min_k4). For sub-block pair
 //        c < 4, qs[32c + l] holds sub-block 2c's value l in its low nibble and 2c+1's in its high
@@ -24,14 +30,15 @@
 
 namespace promptcache::kernels::quant {
 
-enum class Format { kQ4_0, kQ8_0, kQ4_K, kQ5_K, kQ6_K };
-constexpr int kFormats = 5;
+// The kernel tables below are indexed by these values.
+enum class Format { kQ4_0, kQ8_0, kQ4_K, kQ5_K, kQ6_K, kQ5_0, kQ5_1 };
+constexpr int kFormats = 7;
 
 constexpr long long kQK = 256;  // K-quant super-block
 constexpr long long kQ32 = 32;  // Q4_0 / Q8_0 block
 
 constexpr long long format_elements(Format f) {
-  return f == Format::kQ4_0 || f == Format::kQ8_0 ? kQ32 : kQK;
+  return f == Format::kQ4_K || f == Format::kQ5_K || f == Format::kQ6_K ? kQK : kQ32;
 }
 constexpr long long format_bytes(Format f) {
   switch (f) {
@@ -45,12 +52,17 @@ constexpr long long format_bytes(Format f) {
       return 176;
     case Format::kQ6_K:
       return 210;
+    case Format::kQ5_0:
+      return 22;
+    case Format::kQ5_1:
+      return 24;
   }
   return 0;
 }
 
 // x quantized for the integer dot products (internal; never stored in files):
-//  XQ32, per 32 values (Q4_0 and Q8_0 weights): f32 d, the int32 sum of the values, 32 int8.
+//  XQ32, per 32 values (Q4_0, Q5_0, Q5_1 and Q8_0 weights): f32 d, the int32 sum of the values,
+//  32 int8.
 //  XQK, per 256 values (K-quant weights): f32 d, 256 int8, the int16 sums of each 16.
 // x = d * q, q = round-to-nearest-even(x / d), d = max |x| / 127 per block (0 for a zero block).
 struct XQ32 {
@@ -73,9 +85,10 @@ uint16_t f32_to_f16(float f);
 // blocks of format_bytes(f) bytes.
 void dequantize_row(Format f, const uint8_t* blocks, long long k, float* out);
 void quantize_row(Format f, const float* x, long long k, uint8_t* blocks);
-// x quantized for weights of format f: XQ32 blocks for Q4_0/Q8_0, XQK for the K-quants.
+// x quantized for weights of format f: XQ32 blocks for the 32-value formats, XQK for the K-quants.
 void quantize_x(Format f, const float* x, long long k, void* out);
-// x as the integer kernels see it, in f32: each block of 32 (Q4_0/Q8_0) or 256 values (K-quants)
+// x as the integer kernels see it, in f32: each block of 32 (Q4_0, Q5_0, Q5_1, Q8_0) or 256 values
+// (K-quants)
 // rounded to q * d as quantize_x rounds it. The dequantize + GEMM path multiplies this, so both
 // paths compute the same products (up to f32 rounding of the sums).
 void round_x(Format f, const float* x, long long k, float* out);
@@ -101,6 +114,11 @@ static inline void scale_min_k4(int j, const uint8_t* q, int* sc, int* m) {
 static inline uint16_t load_u16(const uint8_t* p) {
   uint16_t v;
   std::memcpy(&v, p, 2);
+  return v;
+}
+static inline uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
   return v;
 }
 
@@ -141,9 +159,13 @@ static void dot_rows(const uint8_t* w, long long k, const uint8_t* xq, long long
 
 // The f32 combinations of a block's integer sums, shared by every kernel (internal linkage: each
 // unit compiles its own copy with its own flags, and fp contraction is off in all of them).
-// Q4_0 / Q8_0 weights: block scale wd, x scale xd, integer dot s.
+// Q4_0 / Q5_0 / Q8_0 weights: block scale wd, x scale xd, integer dot s.
 static inline float combine_q32(float wd, float xd, int32_t s) {
   return wd * xd * static_cast<float>(s);
+}
+// Q5_1: w = wd * q + wm, so the block's dot is xd * (wd * dot(q, xq) + wm * sum(xq)).
+static inline float combine_q51(float wd, float wm, float xd, int32_t s, int32_t sum) {
+  return xd * (wd * static_cast<float>(s) + wm * static_cast<float>(sum));
 }
 // Q4_K / Q5_K: sum over sub-blocks of sc * dot (sumi) and m * sum(x) (summ).
 static inline float combine_qkx(float d, float dmin, float xd, int32_t sumi, int32_t summ) {

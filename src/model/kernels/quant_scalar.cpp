@@ -67,6 +67,29 @@ void dequant_q4_0(const uint8_t* b, float* y) {
   }
 }
 
+// A Q5_0 / Q5_1 block's 32 values, 0..31: the nibbles of qs with the bits of qh as bit 4.
+void unpack_q5(const uint8_t* qh_bytes, const uint8_t* qs, int* q) {
+  const uint32_t qh = load_u32(qh_bytes);
+  for (int j = 0; j < 16; ++j) {
+    q[j] = (qs[j] & 0xF) | static_cast<int>(((qh >> j) & 1) << 4);
+    q[j + 16] = (qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1) << 4);
+  }
+}
+
+void dequant_q5_0(const uint8_t* b, float* y) {
+  const float d = f16_to_f32(load_u16(b));
+  int q[32];
+  unpack_q5(b + 2, b + 6, q);
+  for (int j = 0; j < 32; ++j) y[j] = d * static_cast<float>(q[j] - 16);
+}
+
+void dequant_q5_1(const uint8_t* b, float* y) {
+  const float d = f16_to_f32(load_u16(b)), m = f16_to_f32(load_u16(b + 2));
+  int q[32];
+  unpack_q5(b + 4, b + 8, q);
+  for (int j = 0; j < 32; ++j) y[j] = d * static_cast<float>(q[j]) + m;
+}
+
 void dequant_q8_0(const uint8_t* b, float* y) {
   const float d = f16_to_f32(load_u16(b));
   for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(static_cast<int8_t>(b[2 + j])) * d;
@@ -146,6 +169,51 @@ void quant_q4_0(const float* x, uint8_t* b) {
     const int hi = std::clamp(static_cast<int>(x[j + 16] * id + 8.5f), 0, 15);
     b[2 + j] = static_cast<uint8_t>(lo | (hi << 4));
   }
+}
+
+// The 5-bit values q[0..32) into qh (bit j = bit 4 of q[j], little-endian) and qs (nibbles as
+// Q4_0's).
+void pack_q5(const int* q, uint8_t* qh_bytes, uint8_t* qs) {
+  uint32_t qh = 0;
+  for (int j = 0; j < 16; ++j) {
+    qs[j] = static_cast<uint8_t>((q[j] & 0xF) | ((q[j + 16] & 0xF) << 4));
+    qh |= static_cast<uint32_t>((q[j] >> 4) & 1) << j;
+    qh |= static_cast<uint32_t>((q[j + 16] >> 4) & 1) << (j + 16);
+  }
+  std::memcpy(qh_bytes, &qh, 4);
+}
+
+// As ggml's reference: the value of largest magnitude maps to -16.
+void quant_q5_0(const float* x, uint8_t* b) {
+  float amax = 0, max = 0;
+  for (int j = 0; j < 32; ++j) {
+    if (std::fabs(x[j]) > amax) {
+      amax = std::fabs(x[j]);
+      max = x[j];
+    }
+  }
+  const float d = max / -16.0f, id = d != 0 ? 1.0f / d : 0.0f;
+  const uint16_t dh = f32_to_f16(d);
+  std::memcpy(b, &dh, 2);
+  int q[32];
+  for (int j = 0; j < 32; ++j) q[j] = std::clamp(static_cast<int>(x[j] * id + 16.5f), 0, 31);
+  pack_q5(q, b + 2, b + 6);
+}
+
+// As ggml's reference: d = (max - min) / 31, m = min, q = round((x - min) / d).
+void quant_q5_1(const float* x, uint8_t* b) {
+  float lo = x[0], hi = x[0];
+  for (int j = 1; j < 32; ++j) {
+    lo = std::min(lo, x[j]);
+    hi = std::max(hi, x[j]);
+  }
+  const float d = (hi - lo) / 31.0f, id = d != 0 ? 1.0f / d : 0.0f;
+  const uint16_t dh = f32_to_f16(d), mh = f32_to_f16(lo);
+  std::memcpy(b, &dh, 2);
+  std::memcpy(b + 2, &mh, 2);
+  int q[32];
+  for (int j = 0; j < 32; ++j) q[j] = std::clamp(static_cast<int>((x[j] - lo) * id + 0.5f), 0, 31);
+  pack_q5(q, b + 4, b + 8);
 }
 
 // x[0..n) ~ scale * q - min with q in [0, nmax], min >= 0: tries 21 candidate scales around
@@ -352,6 +420,32 @@ float dot_q8_0(const uint8_t* w, const uint8_t* xq, long long nb) {
   return acc;
 }
 
+float dot_q5_0(const uint8_t* w, const uint8_t* xq, long long nb) {
+  const auto* x = reinterpret_cast<const XQ32*>(xq);
+  float acc = 0;
+  for (long long i = 0; i < nb; ++i, w += 22) {
+    int q[32];
+    unpack_q5(w + 2, w + 6, q);
+    int32_t s = 0;
+    for (int j = 0; j < 32; ++j) s += (q[j] - 16) * x[i].qs[j];
+    acc += combine_q32(f16_to_f32(load_u16(w)), x[i].d, s);
+  }
+  return acc;
+}
+
+float dot_q5_1(const uint8_t* w, const uint8_t* xq, long long nb) {
+  const auto* x = reinterpret_cast<const XQ32*>(xq);
+  float acc = 0;
+  for (long long i = 0; i < nb; ++i, w += 24) {
+    int q[32];
+    unpack_q5(w + 4, w + 8, q);
+    int32_t s = 0;
+    for (int j = 0; j < 32; ++j) s += q[j] * x[i].qs[j];
+    acc += combine_q51(f16_to_f32(load_u16(w)), f16_to_f32(load_u16(w + 2)), x[i].d, s, x[i].sum);
+  }
+  return acc;
+}
+
 template <bool kFive>
 float dot_qkx(const uint8_t* w, const uint8_t* xq, long long nb) {
   const auto* x = reinterpret_cast<const XQK*>(xq);
@@ -417,6 +511,12 @@ void dequantize_row(Format f, const uint8_t* b, long long k, float* y) {
       case Format::kQ6_K:
         dequant_q6_k(b, y);
         break;
+      case Format::kQ5_0:
+        dequant_q5_0(b, y);
+        break;
+      case Format::kQ5_1:
+        dequant_q5_1(b, y);
+        break;
     }
   }
 }
@@ -439,6 +539,12 @@ void quantize_row(Format f, const float* x, long long k, uint8_t* b) {
         break;
       case Format::kQ6_K:
         quant_q6_k(x, b);
+        break;
+      case Format::kQ5_0:
+        quant_q5_0(x, b);
+        break;
+      case Format::kQ5_1:
+        quant_q5_1(x, b);
         break;
     }
   }
@@ -476,8 +582,9 @@ void round_x(Format f, const float* x, long long k, float* out) {
 }
 
 const QuantRowsFn quant_rows_scalar[kFormats] = {
-    &dot_rows<&dot_q4_0, Format::kQ4_0>, &dot_rows<&dot_q8_0, Format::kQ8_0>,
+    &dot_rows<&dot_q4_0, Format::kQ4_0>,       &dot_rows<&dot_q8_0, Format::kQ8_0>,
     &dot_rows<&dot_qkx<false>, Format::kQ4_K>, &dot_rows<&dot_qkx<true>, Format::kQ5_K>,
-    &dot_rows<&dot_q6_k, Format::kQ6_K>};
+    &dot_rows<&dot_q6_k, Format::kQ6_K>,       &dot_rows<&dot_q5_0, Format::kQ5_0>,
+    &dot_rows<&dot_q5_1, Format::kQ5_1>};
 
 }  // namespace promptcache::kernels::quant

@@ -19,12 +19,33 @@ __m256i load32(const void* p) {
   return _mm256_loadu_si256(static_cast<const __m256i*>(p));
 }
 
-// A Q4_0 block's 32 values (0..15): the low nibbles, then the high ones.
-__m256i unpack_q4_0(const uint8_t* w) {
+// 16 bytes of nibbles as 32 values (0..15): the low nibbles, then the high ones.
+__m256i unpack_nibbles(const uint8_t* qs) {
   const __m128i low = _mm_set1_epi8(0x0F);
-  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 2));
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
   const __m128i lo = _mm_and_si128(q, low), hi = _mm_and_si128(_mm_srli_epi16(q, 4), low);
   return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+}
+
+// A Q4_0 block's 32 values (0..15).
+__m256i unpack_q4_0(const uint8_t* w) {
+  return unpack_nibbles(w + 2);
+}
+
+// Byte j of the result (j < 32) is 0xFF where bit j of `bits` is set, else 0: byte j / 8 of
+// `bits` spread over the j-th group of 8 bytes, each byte's own bit then tested.
+__m256i bit_mask32(uint32_t bits) {
+  const __m256i spread =
+      _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
+  const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)), spread);
+  const __m256i others = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);  // all bits but byte j's own
+  return _mm256_cmpeq_epi8(_mm256_or_si256(v, others), _mm256_set1_epi64x(-1));
+}
+
+// A Q5_0 / Q5_1 block's 32 values (0..31): the nibbles of qs, bit j of qh as value j's 16.
+__m256i unpack_q5(const uint8_t* qh, const uint8_t* qs) {
+  return _mm256_or_si256(unpack_nibbles(qs),
+                         _mm256_and_si256(bit_mask32(load_u32(qh)), _mm256_set1_epi8(16)));
 }
 
 // A Q4_K/Q5_K block's 6-bit scales (sc) and the sum over sub-blocks of min x sum(x) (returned).
