@@ -61,8 +61,9 @@ void add_model_options(CLI::App& app, ModelOptions& o, bool model_required) {
   auto* model =
       app.add_option("--model,-m", o.model_dir,
                      "HuggingFace model folder (config.json, *.safetensors, tokenizer.json or "
-                     "tokenizer.model) or GGUF file (FILE.gguf: F32, F16, BF16, Q8_0): Llama "
-                     "2/3.x, Mistral, Qwen2/2.5, Qwen3, BLOOM, MPT, Falcon");
+                     "tokenizer.model: Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3, BLOOM, MPT, "
+                     "Falcon) or GGUF file (FILE.gguf of a Llama, Mistral, Qwen2 or Qwen3: F32, "
+                     "F16, BF16, Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)");
   if (model_required) model->required();
   app.add_option("--device", o.device, "cpu or cuda[:N]")->capture_default_str();
   app.add_option("--dtype", o.dtype,

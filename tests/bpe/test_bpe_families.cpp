@@ -286,8 +286,10 @@ TEST_CASE("the BLOOM split class keeps parentheses and the pipe out of words", "
   CHECK(load(dir, j, "template.json")->adds_bos());
 }
 
-TEST_CASE("a tokenizer.json regex reads \\s as Oniguruma, ByteLevel's own regex as JavaScript",
-          "[bpe][families]") {
+TEST_CASE(
+    "a tokenizer.json regex reads its white-space class as Oniguruma and ByteLevel's own regex as "
+    "JavaScript",
+    "[bpe][families]") {
   // Llama 3's split regex (Qwen2's differs only in \p{N}): HuggingFace's tokenizers and
   // @huggingface/tokenizers read its \s as Unicode White_Space, U+0085 in and U+FEFF out.
   const char* llama3 =

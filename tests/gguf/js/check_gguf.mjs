@@ -41,7 +41,8 @@ expect("rope.freq_base", Math.abs(theta - (config.rope_theta ?? 10000)) < 1e-3 *
 expect("tokenizer tokens", Array.isArray(metadata["tokenizer.ggml.tokens"]), true);
 expect("tensor count", tensorInfos.length, report.tensors.length);
 const byName = new Map(tensorInfos.map((t) => [t.name, t]));
-const ggmlType = { F32: 0, F16: 1, Q4_0: 2, Q8_0: 8, Q4_K: 12, Q5_K: 13, Q6_K: 14, BF16: 30 };
+const ggmlType = { F32: 0, F16: 1, Q4_0: 2, Q5_0: 6, Q5_1: 7, Q8_0: 8, Q4_K: 12, Q5_K: 13, Q6_K: 14,
+                   BF16: 30 };
 for (const t of report.tensors) {
   const info = byName.get(t.name);
   if (!info) {
