@@ -29,7 +29,8 @@ void parallel_chunks(int64_t chunks, int threads, const std::function<void(int64
 // calls and the caller spins before it yields (fastest on an idle machine). kPassive: helpers
 // sleep at once and the caller yields. kAuto (the default): passive while the machine has fewer
 // free cores than kernel_threads() (other processes' runnable threads, read from /proc at most
-// every 50 ms), active otherwise. PROMPTCACHE_WAIT_POLICY=auto|active|passive sets it at start.
+// every 50 ms; three samples in a row), active otherwise.
+// PROMPTCACHE_WAIT_POLICY=auto|active|passive sets it at start.
 enum class WaitPolicy { kAuto, kActive, kPassive };
 bool parse_wait_policy(const std::string& text, WaitPolicy& out);  // false for other text
 void set_wait_policy(WaitPolicy policy);
