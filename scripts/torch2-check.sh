@@ -24,7 +24,7 @@ done
 [ "$(id -u)" -eq 0 ] || { echo "torch2-check: needs root (debootstrap, mount, chroot)" >&2; exit 2; }
 
 # The same packages as scripts/install-deps.sh, from trixie.
-packages=build-essential,cmake,pkg-config,ccache,libtorch-dev,libopenblas0-pthread,libpugixml-dev,libfmt-dev,catch2,libsentencepiece-dev,sentencepiece,nlohmann-json3-dev,libcli11-dev,python3,libpcre2-dev,libutf8proc-dev,libxxhash-dev
+packages=build-essential,cmake,ninja-build,pkg-config,ccache,libtorch-dev,libopenblas0-pthread,libpugixml-dev,libfmt-dev,catch2,libsentencepiece-dev,sentencepiece,nlohmann-json3-dev,libcli11-dev,python3,libpcre2-dev,libutf8proc-dev,libxxhash-dev,libssl-dev,libcpp-httplib-dev,libhiredis-dev,redis-server,python3-jinja2
 if [ ! -x "$root/usr/bin/cmake" ] || [ ! -f "$root/usr/lib/x86_64-linux-gnu/cmake/Torch/TorchConfig.cmake" ]; then
   command -v debootstrap >/dev/null || { apt-get update -qq && apt-get install -y -qq debootstrap; }
   echo "torch2-check: making a Debian trixie chroot with LibTorch 2.x in $root (a few minutes)"
