@@ -103,6 +103,7 @@ summary() {
     "$t" "$seconds" "$execs" "${cov:-?}" "${ft:-?}" "${corp:-?}" "$findings"
   ((rounds > 1)) && printf '  (%s rounds, %s spurious timeouts)' "$rounds" "$spurious"
   printf '\n'
+  ((execs > 0))
 }
 
 run() {
@@ -115,7 +116,9 @@ run() {
     local args=(-rss_limit_mb=4096 -timeout=10 -jobs=1 -workers=1 -print_final_stats=1
       -artifact_prefix="$root/$build/findings/$t/")
     [[ -n ${dict[$t]:-} ]] && args+=(-dict="$root/tests/fuzz/${dict[$t]}")
-    local dirs=("$root/$build/corpus/$t" "$root/tests/fuzz/corpus/$t")
+    # libFuzzer exits at once on a folder that does not exist: only those that do are passed.
+    local dirs=("$root/$build/corpus/$t")
+    [[ -d tests/fuzz/corpus/$t ]] && dirs+=("$root/tests/fuzz/corpus/$t")
     [[ -d tests/fuzz/regressions/$t ]] && dirs+=("$root/tests/fuzz/regressions/$t")
     echo "== fuzzing $t for ${seconds}s (logs: $build/logs/$t/round-N.log)"
     local begin round=0 spurious=0 remaining=$seconds
@@ -161,7 +164,11 @@ run() {
         break
       fi
     done
-    summary "$t" "$out" "$seconds" "$round" "$spurious"
+    # A target that ran no input has not been fuzzed: that fails the pass, never a silent 0.
+    summary "$t" "$out" "$seconds" "$round" "$spurious" || {
+      echo "   $t ran no input (see $build/logs/$t/round-1.log)"
+      status=1
+    }
   done
   return $status
 }
