@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "gpt2_bytes.hpp"
 #include "promptcache/builtin_data.hpp"
 #include "promptcache/error.hpp"
 #include "promptcache/model/tokenizer.hpp"
@@ -24,27 +25,7 @@ using json = nlohmann::json;
 
 namespace {
 
-// GPT-2's byte-to-character mapping, written out independently of the library's.
-std::string byte_char(int b) {
-  const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
-  int cp = b;
-  if (!printable) {
-    int n = 0;
-    for (int k = 0; k < b; ++k) {
-      const bool p = (k >= '!' && k <= '~') || (k >= 0xA1 && k <= 0xAC) || k >= 0xAE;
-      if (!p) ++n;
-    }
-    cp = 256 + n;
-  }
-  std::string s;
-  if (cp < 0x80) {
-    s += static_cast<char>(cp);
-  } else {
-    s += static_cast<char>(0xC0 | (cp >> 6));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-  return s;
-}
+using test::byte_char;
 
 // The byte characters of a UTF-8 string ("Ġ" for a space).
 std::string chars_of(const std::string& bytes) {
