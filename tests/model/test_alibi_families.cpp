@@ -7,6 +7,7 @@
 // incremental decoding; and a module compiled at two reserved offsets and reused at each.
 #include <torch/types.h>
 #include "support/catch_torch.hpp"
+#include "support/model_inputs.hpp"
 
 #include <cmath>
 #include <functional>
@@ -280,23 +281,9 @@ std::vector<Variant> variants() {
   return v;
 }
 
-std::vector<std::vector<bool>> causal_mask(int64_t n) {
-  std::vector<std::vector<bool>> m(n, std::vector<bool>(n, false));
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j <= i; ++j) m[i][j] = true;
-  return m;
-}
-
-std::vector<int64_t> random_ids(int64_t n, int64_t vocab, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int64_t> ids;
-  for (int64_t i = 0; i < n; ++i) ids.push_back(rng() % vocab);
-  return ids;
-}
-
-torch::Tensor row(const std::vector<int64_t>& v) {
-  return torch::tensor(v, torch::kInt64).unsqueeze(0);
-}
+using test::causal_mask;
+using test::random_ids;
+using test::row;
 
 double max_diff(const torch::Tensor& a, const torch::Tensor& b) {
   return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();

@@ -4,6 +4,7 @@
 // ids), incremental decoding against one full pass, and real-world config.json files.
 #include <torch/types.h>
 #include "support/catch_torch.hpp"
+#include "support/model_inputs.hpp"
 
 #include <cmath>
 #include <fstream>
@@ -122,23 +123,9 @@ torch::Tensor reference_forward(const ModelConfig& c, const std::map<std::string
   return x.matmul(W(c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight").t());
 }
 
-std::vector<std::vector<bool>> causal_mask(int64_t n) {
-  std::vector<std::vector<bool>> m(n, std::vector<bool>(n, false));
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j <= i; ++j) m[i][j] = true;
-  return m;
-}
-
-std::vector<int64_t> random_ids(int64_t n, int64_t vocab, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int64_t> ids;
-  for (int64_t i = 0; i < n; ++i) ids.push_back(rng() % vocab);
-  return ids;
-}
-
-torch::Tensor row(const std::vector<int64_t>& v) {
-  return torch::tensor(v, torch::kInt64).unsqueeze(0);
-}
+using test::causal_mask;
+using test::random_ids;
+using test::row;
 
 }  // namespace
 
