@@ -218,6 +218,21 @@ std::vector<double> boundary_scores(const SlotRuns& runs) {
   return score;
 }
 
+// The attention mass [layers, slots(, ...)] summed over layers [from, layers) for each of the
+// first `cached` slots, `from` clamped to [lowest, layers - 1].
+std::vector<double> mass_per_slot(const torch::Tensor& mass, int64_t from, int64_t lowest,
+                                  int64_t cached) {
+  const int64_t layers = mass.size(0);
+  from = std::clamp<int64_t>(from, lowest, layers - 1);
+  auto per_slot = mass.narrow(0, from, layers - from)
+                      .narrow(1, 0, cached)
+                      .sum(0)
+                      .to(torch::kFloat64)
+                      .contiguous();
+  const double* p = per_slot.data_ptr<double>();
+  return std::vector<double>(p, p + cached);
+}
+
 // The attention the fresh tokens pay each cached slot: they run once over the moved slots (at
 // their baseline positions, each seeing the slots and fresh tokens before it), and a slot's mass
 // is the attention it receives, summed over heads, fresh tokens and the layers from
@@ -237,13 +252,7 @@ std::vector<double> attention_mass(const LlamaModel& model, const BaselineMap& m
   cache.reserve(cached + fresh);
   model.forward(torch::tensor(ids, torch::kInt64).unsqueeze(0), query.unsqueeze(0), cache, probe);
   cache.truncate(cached);
-  const int64_t layers = mass.size(0);
-  const int64_t from = std::clamp<int64_t>(first_layer, 0, layers - 1);
-  auto per_slot =
-      mass.narrow(0, from, layers - from).narrow(1, 0, cached).sum(0).to(torch::kFloat64);
-  per_slot = per_slot.contiguous();
-  const double* p = per_slot.data_ptr<double>();
-  return std::vector<double>(p, p + cached);
+  return mass_per_slot(mass, first_layer, 0, cached);
 }
 
 // The attention the fresh tokens pay each cached slot on the layers the pass leaves stale
@@ -269,13 +278,7 @@ std::vector<double> probe_from_pass(const LlamaModel& model, const BaselineMap& 
   cache.reserve(cached + fresh);
   model.forward(torch::tensor(ids, torch::kInt64).unsqueeze(0), query.unsqueeze(0), cache, probe);
   cache.truncate(cached);
-  const int64_t layers = mass.size(0);
-  const int64_t from = std::clamp<int64_t>(pass.kv_layers, pass.layers, layers - 1);
-  auto per_slot =
-      mass.narrow(0, from, layers - from).narrow(1, 0, cached).sum(0).to(torch::kFloat64);
-  per_slot = per_slot.contiguous();
-  const double* p = per_slot.data_ptr<double>();
-  return std::vector<double>(p, p + cached);
+  return mass_per_slot(mass, pass.kv_layers, pass.layers, cached);
 }
 
 // The attention the fresh tokens and `steps` greedy tokens after them pay each cached slot on
@@ -310,11 +313,7 @@ std::vector<double> probe_lookahead(const LlamaModel& model, const BaselineMap& 
     total += step_mass.narrow(1, 0, cached);
   }
   cache.truncate(cached);
-  const int64_t layers = total.size(0);
-  const int64_t from = std::clamp<int64_t>(pass.kv_layers, 0, layers - 1);
-  auto per_slot = total.narrow(0, from, layers - from).sum(0).to(torch::kFloat64).contiguous();
-  const double* p = per_slot.data_ptr<double>();
-  return std::vector<double>(p, p + cached);
+  return mass_per_slot(total, pass.kv_layers, 0, cached);
 }
 
 // The attention criterion: the mass on layers 1.. (layer 0's K/V depend on the token and
