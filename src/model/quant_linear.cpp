@@ -9,6 +9,7 @@
 #endif
 
 #include <algorithm>
+#include <iterator>
 #include <vector>
 
 #include "kernels/quant_blocks.hpp"
@@ -113,7 +114,9 @@ constexpr int64_t kDequantBlockFloats = int64_t{4} << 20;
 
 }  // namespace
 
-bool quant_kernel_available(QuantKernel kernel) {
+namespace {
+
+bool detect_quant_kernel(QuantKernel kernel) {
   switch (kernel) {
     case QuantKernel::kScalar:
       return true;
@@ -133,6 +136,18 @@ bool quant_kernel_available(QuantKernel kernel) {
 #endif
   }
   return false;
+}
+
+}  // namespace
+
+// Detected once: CPUID traps to the hypervisor in a virtual machine, which made this check a
+// visible share of a decode step when every linear asked again.
+bool quant_kernel_available(QuantKernel kernel) {
+  static const bool available[] = {detect_quant_kernel(QuantKernel::kScalar),
+                                   detect_quant_kernel(QuantKernel::kAvx2),
+                                   detect_quant_kernel(QuantKernel::kAvx512Vnni)};
+  const auto index = static_cast<std::size_t>(kernel);
+  return index < std::size(available) && available[index];
 }
 
 std::string quant_kernel_name(QuantKernel kernel) {
