@@ -166,7 +166,9 @@ bool holds_block_types(const File& file) {
 std::map<std::string, torch::Tensor> hf_tensors(const std::shared_ptr<File>& file,
                                                 const ModelConfig& config) {
   // Q8_0 runs as the q8 layout in a Q8_0 file (as a folder's --weights q8), and as blocks beside
-  // the other block types (Q4_K_M's fallbacks): one kind of quantized linear per file.
+  // the other block types (Q4_K_M's fallbacks): one kind of quantized linear per file. An
+  // embedding table that is only looked up (not tied to the lm_head) stays blocks either way: a
+  // view of the mapping, whose pages become resident only for the rows a prompt uses.
   const bool q8_0_as_blocks = holds_block_types(*file);
   std::map<std::string, torch::Tensor> out;
   for (const TensorInfo& t : file->header().tensors) {
@@ -180,7 +182,8 @@ std::map<std::string, torch::Tensor> hf_tensors(const std::shared_ptr<File>& fil
     const auto* bytes = file->data(t);
     torch::Tensor tensor;
     bool copied = false;
-    if (t.type == 8 && shape.size() == 2 && !q8_0_as_blocks) {
+    const bool lookup_only = hf == "model.embed_tokens.weight" && !config.tie_word_embeddings;
+    if (t.type == 8 && shape.size() == 2 && !q8_0_as_blocks && !lookup_only) {
       tensor = q8_from_q8_0(bytes, shape[0], shape[1]);
       copied = true;
     } else if (info->block_elements == 1) {

@@ -19,6 +19,7 @@
 #include "promptcache/model/gguf_model.hpp"
 #include "promptcache/model/gguf_vocab.hpp"
 #include "promptcache/model/llama.hpp"
+#include "promptcache/model/q8_weights.hpp"
 #include "promptcache/model/safetensors.hpp"
 #include "promptcache/model/synthetic.hpp"
 #include "promptcache/model/tokenizer.hpp"
@@ -226,6 +227,14 @@ TEST_CASE("gguf convert of each family loads back to the folder's logits", "[ggu
       const auto from_q8 = LlamaModel::load(q8);
       CHECK(from_q8->weight_dtype() == torch::kInt8);
       CHECK(torch::equal(all_logits(*from_q8, prompt), all_logits(*ref_q8, prompt)));
+      // The embedding table: repacked into q8 when the lm_head is the same matrix, else the
+      // file's Q8_0 blocks, mapped (only the rows a prompt looks up become resident).
+      INFO("tie_word_embeddings " << from_q8->config().tie_word_embeddings);
+      if (from_q8->config().tie_word_embeddings) {
+        CHECK(is_q8(from_q8->embedding()));
+      } else {
+        CHECK(ggml::quant_type_of(from_q8->embedding()) == ggml::Type::Q8_0);
+      }
       for (const auto& t : report.tensors) {
         INFO(t.name << " " << t.type);
         if (t.shape.size() == 2) CHECK(t.type == "Q8_0");

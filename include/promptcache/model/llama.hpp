@@ -174,6 +174,10 @@ class LlamaModel {
   // Under ALiBi, cos 1 and sin 0: the rotation leaves q and k exactly as they are.
   std::pair<torch::Tensor, torch::Tensor> rope_tables(const torch::Tensor& positions) const;
 
+  // The token embedding table as held: a GGUF file's blocks stay a view of its mapping when the
+  // table is only looked up (not tied to the lm_head) — exposed for tests.
+  const torch::Tensor& embedding() const { return embed_; }
+
   // Under ALiBi, each query head's slope (float32 [heads] on the model's device); undefined
   // under RoPE.
   const torch::Tensor& alibi_slopes() const { return alibi_slopes_; }
