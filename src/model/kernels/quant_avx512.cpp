@@ -11,6 +11,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <vector>
 
 namespace promptcache::kernels::quant {
 namespace {
@@ -134,14 +135,17 @@ float dot_q6_k(const uint8_t* w, const uint8_t* xq, long long nb) {
 // For two registers of 64 values each (a: values 0..63, b: 64..127 of a 128-value half), the
 // 16-value group of int16 i is (i % 8 < 4 ? 0 : 4) + i / 8; the 32-value sub-block of a Q4_K
 // pair register (lanes 0-7 its first sub-block, 8-15 its second) is (i % 8 < 4 ? 0 : 2) + i / 16.
-__m512i group_index(int first, bool k_quant_pairs) {
-  alignas(64) int16_t idx[32];
-  for (int i = 0; i < 32; ++i) {
-    idx[i] = static_cast<int16_t>(k_quant_pairs ? first + (i % 8 < 4 ? 0 : 2) + i / 16
+struct GroupIndex {
+  alignas(64) int16_t v[32];
+  constexpr GroupIndex(int first, bool k_quant_pairs) : v{} {
+    for (int i = 0; i < 32; ++i) {
+      v[i] = static_cast<int16_t>(k_quant_pairs ? first + (i % 8 < 4 ? 0 : 2) + i / 16
                                                 : first + (i % 8 < 4 ? 0 : 4) + i / 8);
+    }
   }
-  return _mm512_load_si512(idx);
-}
+};
+constexpr GroupIndex kFirstPairs(0, true), kSecondPairs(4, true);
+constexpr GroupIndex kFirstGroups(0, false), kLastGroups(8, false);
 
 // [sum of a, sum of b, sum of c, sum of d] of four int32 vectors.
 __m128i hsum4(__m512i a, __m512i b, __m512i c, __m512i d) {
@@ -183,24 +187,100 @@ inline void prefetch_ahead(const uint8_t* block, long long bytes) {
   for (long long o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
 }
 
+// Constants of the K-quant kernels below.
+struct KConsts {
+  __m512i low = _mm512_set1_epi8(0x0F);
+  // int16 shift counts: 0 for the low 32 bytes (low nibbles), 4 for the high 32 (high nibbles).
+  __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+  __m512i first_pairs = _mm512_load_si512(kFirstPairs.v);
+  __m512i second_pairs = _mm512_load_si512(kSecondPairs.v);
+  __m512i first_groups = _mm512_load_si512(kFirstGroups.v);
+  __m512i last_groups = _mm512_load_si512(kLastGroups.v);
+};
+
+// A Q4_K (values 0..15) or Q5_K (0..31) block's four 64-value registers: register c holds
+// sub-block 2c in its low 32 bytes and 2c + 1 in its high 32, as x's values 64c..64c+63.
 template <bool kFive>
-void qkx_rows4(const uint8_t* w, long long nb, const XQK* x, float* out) {
+void qkx_values(const uint8_t* b, const KConsts& k, __m512i q[4]) {
+  const uint8_t* qs = b + (kFive ? 48 : 16);
+  const __m512i qh = kFive ? _mm512_broadcast_i64x4(load32(b + 16)) : _mm512_setzero_si512();
+  for (int c = 0; c < 4; ++c) {
+    q[c] = _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i64x4(load32(qs + 32 * c)), k.shift),
+                            k.low);
+    if (kFive) {
+      // Bit 2c of qh[l] is sub-block 2c's fifth bit (the low half), bit 2c + 1 the high's.
+      const __m512i bits =
+          _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << (2 * c))),
+                             _mm256_set1_epi8(static_cast<char>(1 << (2 * c + 1))), 1);
+      q[c] =
+          _mm512_mask_add_epi8(q[c], _mm512_test_epi8_mask(qh, bits), q[c], _mm512_set1_epi8(16));
+    }
+  }
+}
+
+// A Q6_K block's four 64-value registers (q + 32, 0..63), as x's values 64r..64r+63.
+void q6k_values(const uint8_t* b, __m512i q[4]) {
+  for (int h = 0; h < 2; ++h) {
+    __m256i u[4];
+    unpack_q6_half(b, h, u);
+    q[2 * h] = join(u[0], u[1]);
+    q[2 * h + 1] = join(u[2], u[3]);
+  }
+}
+
+// The scales of vpdpwssd for packs_epi32(p0, p1) and packs_epi32(p2, p3) (group_index), from the
+// block's scales as int16 lanes.
+struct ScalePair {
+  __m512i first, second;
+};
+ScalePair scale_pair(__m256i scales16, __m512i first, __m512i second) {
+  const __m512i scales = _mm512_castsi256_si512(scales16);
+  return {_mm512_permutexvar_epi16(first, scales), _mm512_permutexvar_epi16(second, scales)};
+}
+
+// One block's integer sum with 256 values of x, in int32 lanes: the 4-value products of each
+// register (vpdpbusd), packed to int16, times their scales (vpdpwssd).
+__m512i scaled_dots(const __m512i q[4], const int8_t* xqs, const ScalePair& s) {
+  __m512i p[4];
+  for (int c = 0; c < 4; ++c) {
+    p[c] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[c], _mm512_loadu_si512(xqs + 64 * c));
+  }
+  const __m512i a =
+      _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_packs_epi32(p[0], p[1]), s.first);
+  return _mm512_dpwssd_epi32(a, _mm512_packs_epi32(p[2], p[3]), s.second);
+}
+
+// The x sums of each 32-value sub-block of an XQK block (pairs of its bsums), as int16.
+__m128i pair_sums(const XQK& x) {
+  const __m256i sums = _mm256_madd_epi16(
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.bsums)), _mm256_set1_epi16(1));
+  return _mm_packs_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
+}
+
+// Q6_K's -32 of every value as an int32 vector to add: 32 times the sum over groups of scale x
+// sum(x), negated.
+__m512i q6k_bias(__m256i scales16, const XQK& x) {
+  const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.bsums));
+  return _mm512_zextsi256_si512(_mm256_sub_epi32(
+      _mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(scales16, bsums), 5)));
+}
+
+__m256i q6k_scales(const uint8_t* b) {
+  return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)));
+}
+
+int32_t hsum(__m128i v) {
+  v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0x4e));
+  return _mm_cvtsi128_si32(_mm_add_epi32(v, _mm_shuffle_epi32(v, 0xb1)));
+}
+
+template <bool kFive>
+void qkx_rows4(const uint8_t* w, long long nb, const XQK* x, const KConsts& k, float* out) {
   constexpr long long kBytes = kFive ? 176 : 144;
   const long long row = nb * kBytes;
-  const __m512i low = _mm512_set1_epi8(0x0F);
-  // int16 shift counts: 0 for the low 32 bytes (low nibbles), 4 for the high 32 (high nibbles).
-  const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-  const __m512i first_pairs = group_index(0, true), second_pairs = group_index(4, true);
-  const __m256i ones = _mm256_set1_epi16(1);
   __m128 acc = _mm_setzero_ps();
   for (long long i = 0; i < nb; ++i) {
-    const __m512i xv[4] = {_mm512_loadu_si512(x[i].qs), _mm512_loadu_si512(x[i].qs + 64),
-                           _mm512_loadu_si512(x[i].qs + 128), _mm512_loadu_si512(x[i].qs + 192)};
-    // The x sums of each 32-value sub-block (pairs of bsums), as int16.
-    const __m256i sums32 =
-        _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].bsums)), ones);
-    const __m128i bsums32 =
-        _mm_packs_epi32(_mm256_castsi256_si128(sums32), _mm256_extracti128_si256(sums32, 1));
+    const __m128i sums32 = pair_sums(x[i]);
     __m512i sumi[4];
     __m128i summ[4];
     uint32_t dm[4];
@@ -209,27 +289,10 @@ void qkx_rows4(const uint8_t* w, long long nb, const XQK* x, float* out) {
       prefetch_ahead(b, kBytes);
       dm[r] = load_u32(b);
       const __m256i scales_mins = k_scales_mins(b + 4);
-      const __m512i scales = _mm512_castsi256_si512(scales_mins);
-      summ[r] = _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), bsums32);
-      const uint8_t* qs = b + (kFive ? 48 : 16);
-      const __m512i qh = kFive ? _mm512_broadcast_i64x4(load32(b + 16)) : _mm512_setzero_si512();
-      __m512i p[4];
-      for (int c = 0; c < 4; ++c) {
-        __m512i q = _mm512_and_si512(
-            _mm512_srlv_epi16(_mm512_broadcast_i64x4(load32(qs + 32 * c)), shift), low);
-        if (kFive) {
-          // Bit 2c of qh[l] is sub-block 2c's fifth bit (the low half), bit 2c + 1 the high's.
-          const __m512i bits =
-              _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << (2 * c))),
-                                 _mm256_set1_epi8(static_cast<char>(1 << (2 * c + 1))), 1);
-          q = _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(qh, bits), q, _mm512_set1_epi8(16));
-        }
-        p[c] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, xv[c]);
-      }
-      __m512i s = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_packs_epi32(p[0], p[1]),
-                                      _mm512_permutexvar_epi16(first_pairs, scales));
-      sumi[r] = _mm512_dpwssd_epi32(s, _mm512_packs_epi32(p[2], p[3]),
-                                    _mm512_permutexvar_epi16(second_pairs, scales));
+      summ[r] = _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), sums32);
+      __m512i q[4];
+      qkx_values<kFive>(b, k, q);
+      sumi[r] = scaled_dots(q, x[i].qs, scale_pair(scales_mins, k.first_pairs, k.second_pairs));
     }
     // d and dmin of the four rows: f16 pairs, deinterleaved after the conversion.
     const __m256 halves =
@@ -247,38 +310,23 @@ void qkx_rows4(const uint8_t* w, long long nb, const XQK* x, float* out) {
   _mm_storeu_ps(out, acc);
 }
 
-void q6k_rows4(const uint8_t* w, long long nb, const XQK* x, float* out) {
+void q6k_rows4(const uint8_t* w, long long nb, const XQK* x, const KConsts& k, float* out) {
   constexpr long long kBytes = 210;
   const long long row = nb * kBytes;
-  const __m512i first_groups = group_index(0, false), last_groups = group_index(8, false);
   __m128 acc = _mm_setzero_ps();
   for (long long i = 0; i < nb; ++i) {
-    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].bsums));
     __m512i sumi[4];
     int16_t dh[4];
     for (int r = 0; r < 4; ++r) {
       const uint8_t* b = w + r * row + i * kBytes;
       prefetch_ahead(b, kBytes);
       dh[r] = static_cast<int16_t>(load_u16(b + 208));
-      const __m256i sc16 =
-          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)));
-      const __m512i scales = _mm512_castsi256_si512(sc16);
-      __m512i p[4];
-      for (int h = 0; h < 2; ++h) {
-        __m256i u[4];
-        unpack_q6_half(b, h, u);
-        p[2 * h] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), join(u[0], u[1]),
-                                       _mm512_loadu_si512(x[i].qs + 128 * h));
-        p[2 * h + 1] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), join(u[2], u[3]),
-                                           _mm512_loadu_si512(x[i].qs + 128 * h + 64));
-      }
-      __m512i s = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_packs_epi32(p[0], p[1]),
-                                      _mm512_permutexvar_epi16(first_groups, scales));
-      s = _mm512_dpwssd_epi32(s, _mm512_packs_epi32(p[2], p[3]),
-                              _mm512_permutexvar_epi16(last_groups, scales));
-      // The values are q + 32: less 32 times the sum over groups of scale x sum(x).
-      const __m256i bias = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 5);
-      sumi[r] = _mm512_sub_epi32(s, _mm512_zextsi256_si512(bias));
+      const __m256i scales = q6k_scales(b);
+      __m512i q[4];
+      q6k_values(b, q);
+      sumi[r] = _mm512_add_epi32(
+          scaled_dots(q, x[i].qs, scale_pair(scales, k.first_groups, k.last_groups)),
+          q6k_bias(scales, x[i]));
     }
     const __m128 d = _mm_cvtph_ps(_mm_setr_epi16(dh[0], dh[1], dh[2], dh[3], 0, 0, 0, 0));
     const __m128 si = _mm_cvtepi32_ps(hsum4(sumi[0], sumi[1], sumi[2], sumi[3]));
@@ -289,13 +337,15 @@ void q6k_rows4(const uint8_t* w, long long nb, const XQK* x, float* out) {
 }
 
 // One row of x: weight rows four at a time, the rest by the single-row dot product.
-template <void (*kRows4)(const uint8_t*, long long, const XQK*, float*), DotFn kDot, Format kF>
+template <void (*kRows4)(const uint8_t*, long long, const XQK*, const KConsts&, float*), DotFn kDot,
+          Format kF>
 void decode_rows(const uint8_t* w, long long k, const uint8_t* xq, long long n0, long long n1,
                  float* out) {
   const long long nb = k / kQK, row = nb * format_bytes(kF);
   const auto* x = reinterpret_cast<const XQK*>(xq);
+  const KConsts consts;
   long long j = n0;
-  for (; j + 4 <= n1; j += 4) kRows4(w + j * row, nb, x, out + j);
+  for (; j + 4 <= n1; j += 4) kRows4(w + j * row, nb, x, consts, out + j);
   for (; j < n1; ++j) out[j] = kDot(w + j * row, xq, nb);
 }
 
@@ -333,69 +383,127 @@ void rows_tiled(const uint8_t* w, long long k, const uint8_t* xq, long long m, l
   }
 }
 
-// A Q4_K (kFive false) or Q5_K block unpacked: four 64-value registers and their scales.
+// The K-quants' tiles: a weight block unpacked once (values, scales), then its integer sums with
+// the tile's rows of x four at a time (one reduction for four), the rest one by one; each output
+// accumulated over the blocks in order with its row's f32 expression, so bitwise dot_qkx's /
+// dot_q6_k's.
+
+// A Q4_K/Q5_K block's unpacked values, scales and mins; d and dmin.
 template <bool kFive>
-struct QkxBlock {
-  using X = XQK;
-  static constexpr long long kElements = 256, kBytes = kFive ? 176 : 144;
-  __m512i q[4], scale[4];
-  int m[8];
+struct QkxTileBlock {
+  static constexpr long long kBytes = kFive ? 176 : 144;
+  static constexpr bool kMins = true;
+  __m512i q[4];
+  ScalePair scales;
+  __m128i mins;
   float d, dmin;
-  explicit QkxBlock(const uint8_t* w) : d(half(w)), dmin(half(w + 2)) {
-    int sc[8];
-    for (int s = 0; s < 8; ++s) scale_min_k4(s, w + 4, &sc[s], &m[s]);
-    const __m256i qh = kFive ? load32(w + 16) : _mm256_setzero_si256();
-    for (int c = 0; c < 4; ++c) {
-      __m256i lo, hi;
-      unpack_qkx_pair<kFive>(w + (kFive ? 48 : 16), qh, c, &lo, &hi);
-      q[c] = join(lo, hi);
-      scale[c] = two_scales(sc[2 * c], sc[2 * c + 1]);
-    }
+  QkxTileBlock(const uint8_t* b, const KConsts& k) : d(half(b)), dmin(half(b + 2)) {
+    qkx_values<kFive>(b, k, q);
+    const __m256i scales_mins = k_scales_mins(b + 4);
+    scales = scale_pair(scales_mins, k.first_pairs, k.second_pairs);
+    mins = _mm256_extracti128_si256(scales_mins, 1);
   }
-  float dot(const XQK& x) const {
-    int32_t summ = 0;
-    for (int s = 0; s < 8; ++s) summ += m[s] * (x.bsums[2 * s] + x.bsums[2 * s + 1]);
-    __m512i sum = _mm512_setzero_si512();
-    for (int c = 0; c < 4; ++c) {
-      const __m512i p =
-          _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[c], _mm512_loadu_si512(x.qs + 64 * c));
-      sum = _mm512_add_epi32(sum, _mm512_mullo_epi32(p, scale[c]));
-    }
-    return combine_qkx(d, dmin, x.d, _mm512_reduce_add_epi32(sum), summ);
+  // Integer sums with one row of x (lanes), and of its mins with x's sub-block sums.
+  __m512i sumi(const XQK& x) const { return scaled_dots(q, x.qs, scales); }
+  // `sums`: x's eight sub-block sums (pair_sums, computed once per tile).
+  __m128i summ(const int16_t* sums) const {
+    return _mm_madd_epi16(mins, _mm_loadu_si128(reinterpret_cast<const __m128i*>(sums)));
+  }
+  // combine_qkx for four rows of x, and for one.
+  __m128 combine4(__m128 xd, __m128 si, __m128 sm) const {
+    return _mm_mul_ps(
+        xd, _mm_sub_ps(_mm_mul_ps(_mm_set1_ps(d), si), _mm_mul_ps(_mm_set1_ps(dmin), sm)));
+  }
+  float combine1(const XQK& x, const int16_t* sums) const {
+    return combine_qkx(d, dmin, x.d, _mm512_reduce_add_epi32(sumi(x)), hsum(summ(sums)));
   }
 };
 
-struct Q6kBlock {
-  using X = XQK;
-  static constexpr long long kElements = 256, kBytes = 210;
-  __m512i q[4], scale[4];
-  const int8_t* sc;
+// A Q6_K block's unpacked values and scales; d.
+struct Q6kTileBlock {
+  static constexpr long long kBytes = 210;
+  __m512i q[4];
+  ScalePair scales;
+  __m256i scales16;
   float d;
-  explicit Q6kBlock(const uint8_t* w)
-      : sc(reinterpret_cast<const int8_t*>(w + 192)), d(half(w + 208)) {
-    const __m128i spread = _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    for (int h = 0; h < 2; ++h) {
-      __m256i u[4];
-      unpack_q6_half(w, h, u);
-      q[2 * h] = join(u[0], u[1]);
-      q[2 * h + 1] = join(u[2], u[3]);
-      for (int p = 0; p < 2; ++p) {
-        int32_t four;
-        __builtin_memcpy(&four, sc + 8 * h + 4 * p, 4);
-        scale[2 * h + p] = _mm512_cvtepi8_epi32(_mm_shuffle_epi8(_mm_cvtsi32_si128(four), spread));
-      }
-    }
+  Q6kTileBlock(const uint8_t* b, const KConsts& k) : scales16(q6k_scales(b)), d(half(b + 208)) {
+    q6k_values(b, q);
+    scales = scale_pair(scales16, k.first_groups, k.last_groups);
   }
-  float dot(const XQK& x) const {
-    __m512i sum = _mm512_setzero_si512();
-    for (int r = 0; r < 4; ++r) {
-      const __m512i p =
-          _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[r], _mm512_loadu_si512(x.qs + 64 * r));
-      sum = _mm512_add_epi32(sum, _mm512_mullo_epi32(p, scale[r]));
-    }
-    return combine_q6k(d, x.d, _mm512_reduce_add_epi32(sum) - 32 * q6_bias(sc, x));
+  __m512i sumi(const XQK& x) const {
+    return _mm512_add_epi32(scaled_dots(q, x.qs, scales), q6k_bias(scales16, x));
+  }
+  static constexpr bool kMins = false;
+  __m128i summ(const int16_t*) const { return _mm_setzero_si128(); }
+  // combine_q6k: xd * d * sumi.
+  __m128 combine4(__m128 xd, __m128 si, __m128) const {
+    return _mm_mul_ps(_mm_mul_ps(xd, _mm_set1_ps(d)), si);
+  }
+  float combine1(const XQK& x, const int16_t*) const {
+    return combine_q6k(d, x.d, _mm512_reduce_add_epi32(sumi(x)));
   }
 };
+
+// out[t * ldo] for the tile's rows x[0..rows) of x (rows <= kTile) against one weight row;
+// sums[(t * nb + i) * 8 ...]: row t's sub-block sums of block i (Q4_K/Q5_K).
+template <class Block>
+void kquant_tile(const uint8_t* wr, long long nb, const XQK* const* x, const int16_t* sums,
+                 int rows, const KConsts& k, float* out, long long ldo) {
+  __m128 acc[kTile / 4];
+  for (auto& a : acc) a = _mm_setzero_ps();
+  float rest[4] = {};
+  const int full = rows / 4 * 4;
+  for (long long i = 0; i < nb; ++i) {
+    const Block block(wr + i * Block::kBytes, k);
+    for (int g = 0; g < full; g += 4) {
+      const XQK& x0 = x[g][i];
+      const XQK& x1 = x[g + 1][i];
+      const XQK& x2 = x[g + 2][i];
+      const XQK& x3 = x[g + 3][i];
+      const __m128 si =
+          _mm_cvtepi32_ps(hsum4(block.sumi(x0), block.sumi(x1), block.sumi(x2), block.sumi(x3)));
+      const int16_t* s = sums + (g * nb + i) * 8;
+      const __m128 sm =
+          _mm_cvtepi32_ps(hsum4(block.summ(s), block.summ(s + nb * 8), block.summ(s + 2 * nb * 8),
+                                block.summ(s + 3 * nb * 8)));
+      acc[g / 4] =
+          _mm_add_ps(acc[g / 4], block.combine4(_mm_setr_ps(x0.d, x1.d, x2.d, x3.d), si, sm));
+    }
+    for (int t = full; t < rows; ++t) {
+      rest[t - full] += block.combine1(x[t][i], sums + (t * nb + i) * 8);
+    }
+  }
+  for (int g = 0; g < full; g += 4) {
+    alignas(16) float four[4];
+    _mm_store_ps(four, acc[g / 4]);
+    for (int r = 0; r < 4; ++r) out[(g + r) * ldo] = four[r];
+  }
+  for (int t = full; t < rows; ++t) out[t * ldo] = rest[t - full];
+}
+
+template <class Block>
+void kquant_tiled(const uint8_t* w, long long k, const uint8_t* xq, long long m, long long n0,
+                  long long n1, float* out, long long ldo) {
+  const long long nb = k / kQK, row = nb * Block::kBytes;
+  const long long xrow = nb * static_cast<long long>(sizeof(XQK));
+  const KConsts consts;
+  thread_local std::vector<int16_t> sums;
+  if (Block::kMins) sums.resize(static_cast<std::size_t>(kTile * nb * 8));
+  for (long long t0 = 0; t0 < m; t0 += kTile) {
+    const int rows = static_cast<int>(t0 + kTile < m ? kTile : m - t0);
+    const XQK* x[kTile];
+    for (int t = 0; t < rows; ++t) {
+      x[t] = reinterpret_cast<const XQK*>(xq + (t0 + t) * xrow);
+      for (long long i = 0; Block::kMins && i < nb; ++i) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(sums.data() + (t * nb + i) * 8),
+                         pair_sums(x[t][i]));
+      }
+    }
+    for (long long j = n0; j < n1; ++j) {
+      kquant_tile<Block>(w + j * row, nb, x, sums.data(), rows, consts, out + t0 * ldo + j, ldo);
+    }
+  }
+}
 
 // A Q4_0 block's values (0..15) or a Q8_0 block's (|w|, with w's sign to put on x).
 struct Q40Block {
@@ -460,14 +568,14 @@ void rows_k(const uint8_t* w, long long k, const uint8_t* xq, long long m, long 
 }
 
 // The K-quants: one row of x takes the four-row kernels above.
-template <void (*kRows4)(const uint8_t*, long long, const XQK*, float*), DotFn kDot, Format kF,
-          class Block>
+template <void (*kRows4)(const uint8_t*, long long, const XQK*, const KConsts&, float*), DotFn kDot,
+          Format kF, class Block>
 void rows_kquant(const uint8_t* w, long long k, const uint8_t* xq, long long m, long long n0,
                  long long n1, float* out, long long ldo) {
   if (m == 1) {
     decode_rows<kRows4, kDot, kF>(w, k, xq, n0, n1, out);
   } else {
-    rows_tiled<Block>(w, k, xq, m, n0, n1, out, ldo);
+    kquant_tiled<Block>(w, k, xq, m, n0, n1, out, ldo);
   }
 }
 
@@ -476,9 +584,9 @@ void rows_kquant(const uint8_t* w, long long k, const uint8_t* xq, long long m, 
 const QuantRowsFn quant_rows_avx512vnni[kFormats] = {
     &rows_k<&dot_q4_0, Format::kQ4_0, Q40Block>,
     &rows_k<&dot_q8_0, Format::kQ8_0, Q80Block>,
-    &rows_kquant<&qkx_rows4<false>, &dot_qkx<false>, Format::kQ4_K, QkxBlock<false>>,
-    &rows_kquant<&qkx_rows4<true>, &dot_qkx<true>, Format::kQ5_K, QkxBlock<true>>,
-    &rows_kquant<&q6k_rows4, &dot_q6_k, Format::kQ6_K, Q6kBlock>,
+    &rows_kquant<&qkx_rows4<false>, &dot_qkx<false>, Format::kQ4_K, QkxTileBlock<false>>,
+    &rows_kquant<&qkx_rows4<true>, &dot_qkx<true>, Format::kQ5_K, QkxTileBlock<true>>,
+    &rows_kquant<&q6k_rows4, &dot_q6_k, Format::kQ6_K, Q6kTileBlock>,
     &rows_k<&dot_q5_0, Format::kQ5_0, Q50Block>,
     &rows_k<&dot_q5_1, Format::kQ5_1, Q51Block>};
 
