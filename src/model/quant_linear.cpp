@@ -187,8 +187,17 @@ torch::Tensor quant_linear_integer(const torch::Tensor& x, const torch::Tensor& 
   const int64_t xrow = kq::x_row_bytes(s.format, s.k);
   thread_local std::vector<uint8_t> xq;
   if (xq.size() < static_cast<std::size_t>(s.m * xrow)) xq.resize(s.m * xrow);
-  for (int64_t t = 0; t < s.m; ++t) {
-    kq::quantize_x(s.format, xc.data_ptr<float>() + t * s.k, s.k, xq.data() + t * xrow);
+  // x's rows quantized over the kernel threads too: one thread took 6% of a 128-token prefill.
+  const float* xp_f = xc.data_ptr<float>();
+  uint8_t* xq_p = xq.data();
+  const auto quantize = [&](int64_t t) {
+    kq::quantize_x(s.format, xp_f + t * s.k, s.k, xq_p + t * xrow);
+  };
+  const int quantize_threads = static_cast<int>(std::min<int64_t>(kernel_threads(), s.m / 8));
+  if (quantize_threads > 1) {
+    parallel_chunks(s.m, quantize_threads, quantize);
+  } else {
+    for (int64_t t = 0; t < s.m; ++t) quantize(t);
   }
   const kq::QuantRowsFn fn = table(kernel)[static_cast<int>(s.format)];
   const uint8_t* wp = wc.data_ptr<uint8_t>();
