@@ -35,6 +35,7 @@
 #include <torch/types.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -89,6 +90,43 @@ int64_t resident_bytes() {
     if (line.rfind("VmRSS:", 0) == 0) return std::atoll(line.c_str() + 6) * 1024;
   }
   return 0;
+}
+
+// The process's anonymous resident memory (RssAnon: heap, thread stacks, copies of weights, the
+// KV cache) in bytes; 0 where /proc cannot say.
+int64_t anonymous_bytes() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("RssAnon:", 0) == 0) return std::atoll(line.c_str() + 8) * 1024;
+  }
+  return 0;
+}
+
+// Resident bytes of the process's mappings of `path` (/proc/self/smaps): the pages of a mapped
+// model file that a run has touched.
+int64_t mapped_file_bytes(const std::string& path) {
+  std::error_code ec;
+  const std::string file = std::filesystem::canonical(path, ec).string();
+  if (ec) return 0;
+  std::ifstream smaps("/proc/self/smaps");
+  int64_t total = 0;
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    // A mapping's first line starts with its address range ("7f..-7f.. r--s ... /path"); the
+    // lines of its fields with a name and a colon ("Rss:   123 kB").
+    const auto dash = line.find('-');
+    const bool mapping =
+        dash != std::string::npos && dash > 0 &&
+        std::all_of(line.begin(), line.begin() + static_cast<long>(dash),
+                    [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; });
+    if (mapping) {
+      const auto slash = line.find('/');
+      inside = slash != std::string::npos && line.compare(slash, std::string::npos, file) == 0;
+    } else if (inside && line.rfind("Rss:", 0) == 0) {
+      total += std::atoll(line.c_str() + 4) * 1024;
+    }
+  }
+  return total;
 }
 
 [[noreturn]] void usage(const std::string& problem) {
@@ -390,6 +428,7 @@ int main(int argc, char** argv) {
         gemm_gflops(std::max<int64_t>(128, max_n), config.hidden_size, config.intermediate_size);
       }
       const int64_t rss_before = resident_bytes();
+      const int64_t anon_before = anonymous_bytes();
       const auto model = args.model.empty()
                              ? pc::LlamaModel::from_tensors(config, block ? blocks : weights, load)
                              : pc::LlamaModel::load(args.model, load);
@@ -453,6 +492,14 @@ int main(int argc, char** argv) {
           j["rss_before_load_bytes"] = rss_before;
           j["rss_after_load_bytes"] = rss_loaded;
           j["rss_after_bytes"] = resident_bytes();
+          // What the model holds, without the code of shared libraries paged in by the first
+          // forward: anonymous memory grown since before the load (weights copied at load, KV
+          // cache, activations, allocator) plus the file's resident mapped pages.
+          const int64_t anon = anonymous_bytes() - anon_before;
+          const int64_t mapped = mapped_file_bytes(args.model);
+          j["anon_grown_bytes"] = anon;
+          j["file_resident_bytes"] = mapped;
+          j["model_memory_bytes"] = anon + mapped;
         }
         j["kv_dtype"] = kv_dtype;
         j["kernels"] = pc::cpu_linear_name(kernel);

@@ -16,9 +16,32 @@ const repeats = Number(repeatsText);
 const require = createRequire(path.resolve(prefix, "package.json"));
 const { getLlama } = await import(require.resolve("node-llama-cpp"));
 
+// RssAnon of /proc/self/status, and the resident bytes of this process's mappings of `file`
+// (/proc/self/smaps): bench_prefill's model_memory_bytes, the same way.
+function anonymousBytes() {
+  const m = /^RssAnon:\s+(\d+) kB/m.exec(fs.readFileSync("/proc/self/status", "utf8"));
+  return m ? Number(m[1]) * 1024 : 0;
+}
+function mappedFileBytes(target) {
+  const real = fs.realpathSync(target);
+  let inside = false;
+  let total = 0;
+  for (const line of fs.readFileSync("/proc/self/smaps", "utf8").split("\n")) {
+    const mapping = /^[0-9a-f]+-[0-9a-f]+ /.exec(line);
+    if (mapping) {
+      const slash = line.indexOf("/");
+      inside = slash >= 0 && line.slice(slash) === real;
+    } else if (inside && line.startsWith("Rss:")) {
+      total += Number(line.split(/\s+/)[1]) * 1024;
+    }
+  }
+  return total;
+}
+
 const rssStart = process.memoryUsage().rss;
 const llama = await getLlama({ gpu: false, build: "never", logLevel: "error" });
 const rssBeforeLoad = process.memoryUsage().rss;
+const anonBeforeLoad = anonymousBytes();
 const model = await llama.loadModel({ modelPath: file, useMmap: true });
 for (const n of tokensText.split(",").map(Number)) {
   const context = await model.createContext({
@@ -64,6 +87,9 @@ for (const n of tokensText.split(",").map(Number)) {
       rss_process_start_bytes: rssStart,
       rss_before_load_bytes: rssBeforeLoad,
       rss_after_bytes: process.memoryUsage().rss,
+      anon_grown_bytes: anonymousBytes() - anonBeforeLoad,
+      file_resident_bytes: mappedFileBytes(file),
+      model_memory_bytes: anonymousBytes() - anonBeforeLoad + mappedFileBytes(file),
       greedy,
     }),
   );
