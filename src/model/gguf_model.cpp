@@ -86,14 +86,21 @@ torch::Dtype torch_dtype_of(uint32_t type) {
 
 }  // namespace
 
-torch::Tensor q8_from_q8_0(const uint8_t* src, int64_t n, int64_t k) {
+torch::Tensor q8_from_q8_0(const uint8_t* src, int64_t n, int64_t k, int64_t unpermute_heads) {
   const int64_t blocks = k / 32;
   torch::Tensor out = torch::empty({n, q8_row_bytes(k)}, torch::kInt8);
   auto* dst = reinterpret_cast<uint8_t*>(out.data_ptr<int8_t>());
   const int64_t row_bytes = q8_row_bytes(k);
+  // unpermute_rows_from_gguf's row order: HF row (head, s, i) is the file's row (head, i, s).
+  const int64_t half = unpermute_heads > 0 ? n / unpermute_heads / 2 : 0;
+  const auto source_row = [&](int64_t r) {
+    if (half == 0) return r;
+    const int64_t head = r / (2 * half), s = r % (2 * half) / half, i = r % half;
+    return head * 2 * half + 2 * i + s;
+  };
   at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const uint8_t* in = src + r * blocks * 34;
+      const uint8_t* in = src + source_row(r) * blocks * 34;
       uint8_t* row = dst + r * row_bytes;
       for (int64_t b = 0; b < blocks; ++b) {
         std::memcpy(row + k + 2 * b, in + b * 34, 2);
@@ -180,12 +187,20 @@ std::map<std::string, torch::Tensor> hf_tensors(const std::shared_ptr<File>& fil
     std::vector<int64_t> shape(t.dims.rbegin(), t.dims.rend());
     const TypeInfo* info = type_info(t.type);
     const auto* bytes = file->data(t);
+    const bool permute = permuted(config, hf);
+    const int64_t heads = permute ? permute_heads(config, hf) : 0;
+    if (permute && (heads <= 0 || shape.empty() || shape[0] % (2 * heads) != 0)) {
+      fail(file->path(), "rows do not split into " + std::to_string(heads) + " heads", element);
+    }
     torch::Tensor tensor;
     bool copied = false;
+    bool in_hf_order = !permute;
     const bool lookup_only = hf == "model.embed_tokens.weight" && !config.tie_word_embeddings;
     if (t.type == 8 && shape.size() == 2 && !q8_0_as_blocks && !lookup_only) {
-      tensor = q8_from_q8_0(bytes, shape[0], shape[1]);
+      // Repacked and put in HF's row order in one copy (no second copy of Q and K).
+      tensor = q8_from_q8_0(bytes, shape[0], shape[1], heads);
       copied = true;
+      in_hf_order = true;
     } else if (info->block_elements == 1) {
       std::shared_ptr<File> keep = file;
       tensor = torch::from_blob(
@@ -208,11 +223,7 @@ std::map<std::string, torch::Tensor> hf_tensors(const std::shared_ptr<File>& fil
           const_cast<uint8_t*>(bytes), shape, [keep](void*) mutable { keep.reset(); },
           torch::TensorOptions().dtype(torch::kUInt8));
     }
-    if (permuted(config, hf)) {
-      const int64_t heads = permute_heads(config, hf);
-      if (heads <= 0 || tensor.size(0) % (2 * heads) != 0) {
-        fail(file->path(), "rows do not split into " + std::to_string(heads) + " heads", element);
-      }
+    if (!in_hf_order) {
       tensor = unpermute_rows_from_gguf(tensor, heads);
       copied = true;
     }

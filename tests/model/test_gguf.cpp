@@ -142,6 +142,15 @@ TEST_CASE("gguf Q/K row permutation is llama.cpp's and undoes itself", "[gguf]")
   const auto blocks = torch::randint(0, 255, {16, 2, 34}).to(torch::kUInt8);
   CHECK(torch::equal(gguf::unpermute_rows_from_gguf(gguf::permute_rows_for_gguf(blocks, 2), 2),
                      blocks));
+  // Q8_0 blocks repacked into q8 with the rows put back in the same copy: the repack, then the
+  // row order undone.
+  for (const int64_t heads : {1, 2, 4}) {
+    CAPTURE(heads);
+    const auto q8_0 = torch::randint(0, 255, {16, 2, 34}).to(torch::kUInt8).contiguous();
+    const auto* data = q8_0.data_ptr<uint8_t>();
+    CHECK(torch::equal(gguf::q8_from_q8_0(data, 16, 64, heads),
+                       gguf::unpermute_rows_from_gguf(gguf::q8_from_q8_0(data, 16, 64), heads)));
+  }
 }
 
 TEST_CASE("gguf File::release_metadata frees the metadata and keeps the tensors", "[gguf]") {

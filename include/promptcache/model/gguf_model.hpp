@@ -46,7 +46,10 @@ std::map<std::string, torch::Tensor> hf_tensors(const std::shared_ptr<File>& fil
 
 // Q8_0 blocks (an f16 scale, then 32 int8 values) of an [n, k] matrix to the q8 layout of
 // q8_weights.hpp and back: the same numbers, arranged per row (values, then scales). k % 32 == 0.
-torch::Tensor q8_from_q8_0(const uint8_t* blocks, int64_t n, int64_t k);
+// unpermute_heads > 0: the rows also come out in unpermute_rows_from_gguf's order for that many
+// heads (n % (2 * heads) == 0), in the same copy.
+torch::Tensor q8_from_q8_0(const uint8_t* blocks, int64_t n, int64_t k,
+                           int64_t unpermute_heads = 0);
 std::string q8_0_from_q8(const torch::Tensor& q8, int64_t k);
 
 // LlamaModel::load for a GGUF file.
