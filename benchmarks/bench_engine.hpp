@@ -95,7 +95,10 @@ inline nlohmann::json run_facts(const Engine& engine, const std::string& device,
                                 std::to_string(TORCH_VERSION_PATCH)},
           {"device", device},
           {"dtype", dtype_name(engine.model().dtype())},
-          {"checkpoint", dtype_name(engine.model().dtype_choice().checkpoint)},
+          // A GGUF file's K-quant blocks count as uint8 (llama_load.cpp's checkpoint_dtype).
+          {"checkpoint", engine.model().dtype_choice().checkpoint == torch::kUInt8
+                             ? std::string("ggml-blocks")
+                             : dtype_name(engine.model().dtype_choice().checkpoint)},
           {"weights", dtype_name(engine.model().weight_dtype())},
           {"weight_bytes", engine.model().weight_bytes()},
           {"kv_dtype", dtype_name(engine.model().kv_dtype())},
