@@ -112,6 +112,92 @@ float dot_q6_k(const uint8_t* w, const uint8_t* xq, long long nb) {
   return acc;
 }
 
+// ---- one row of x against four weight rows at a time (the decode path) ----
+// dot_qkx's and dot_q6_k's integer sums per block, with the scales unpacked by vector operations,
+// four rows' horizontal sums in one reduction and the block two ahead prefetched; each row's f32
+// combination as theirs, in the same order over the blocks, so bitwise their results.
+
+template <bool kFive>
+void qkx_rows4(const uint8_t* w, long long nb, const XQK* x, float* out) {
+  constexpr long long kBytes = kFive ? 176 : 144;
+  const long long row = nb * kBytes;
+  __m128 acc = _mm_setzero_ps();
+  for (long long i = 0; i < nb; ++i) {
+    const __m128i sums32 = pair_sums(x[i]);
+    __m256i sumi[4];
+    __m128i summ[4];
+    uint32_t dm[4];
+    for (int r = 0; r < 4; ++r) {
+      const uint8_t* b = w + r * row + i * kBytes;
+      prefetch_ahead(b, kBytes);
+      dm[r] = load_u32(b);
+      const __m256i scales_mins = k_scales_mins(b + 4);
+      summ[r] = _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), sums32);
+      alignas(32) int16_t sc[16];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(sc), scales_mins);
+      const __m256i qh = kFive ? load32(b + 16) : _mm256_setzero_si256();
+      __m256i sum = _mm256_setzero_si256();
+      for (int c = 0; c < 4; ++c) {
+        __m256i lo, hi;
+        unpack_qkx_pair<kFive>(b + (kFive ? 48 : 16), qh, c, &lo, &hi);
+        sum = _mm256_add_epi32(
+            sum, dot_scaled(lo, load32(x[i].qs + 64 * c), _mm256_set1_epi16(sc[2 * c])));
+        sum = _mm256_add_epi32(
+            sum, dot_scaled(hi, load32(x[i].qs + 64 * c + 32), _mm256_set1_epi16(sc[2 * c + 1])));
+      }
+      sumi[r] = sum;
+    }
+    acc = _mm_add_ps(acc, combine_qkx4(dm, x[i].d, hsum4(sumi[0], sumi[1], sumi[2], sumi[3]),
+                                       hsum4(summ[0], summ[1], summ[2], summ[3])));
+  }
+  _mm_storeu_ps(out, acc);
+}
+
+void q6k_rows4(const uint8_t* w, long long nb, const XQK* x, float* out) {
+  constexpr long long kBytes = 210;
+  const long long row = nb * kBytes;
+  __m128 acc = _mm_setzero_ps();
+  for (long long i = 0; i < nb; ++i) {
+    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].bsums));
+    __m256i sumi[4];
+    int16_t dh[4];
+    for (int r = 0; r < 4; ++r) {
+      const uint8_t* b = w + r * row + i * kBytes;
+      prefetch_ahead(b, kBytes);
+      dh[r] = static_cast<int16_t>(load_u16(b + 208));
+      const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
+      __m256i sum = _mm256_setzero_si256();
+      for (int h = 0; h < 2; ++h) {
+        __m256i u[4];
+        unpack_q6_half(b, h, u);
+        for (int g = 0; g < 4; ++g) {
+          const int s = 8 * h + 2 * g;  // the two 16-value groups of these 32 values
+          const __m256i scale = _mm256_inserti128_si256(
+              _mm256_castsi128_si256(_mm_set1_epi16(sc[s])), _mm_set1_epi16(sc[s + 1]), 1);
+          sum = _mm256_add_epi32(sum, dot_scaled(u[g], load32(x[i].qs + 128 * h + 32 * g), scale));
+        }
+      }
+      // The values are q + 32: less 32 times the sum over groups of scale x sum(x).
+      const __m256i scales16 =
+          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
+      sumi[r] = _mm256_sub_epi32(sum, _mm256_slli_epi32(_mm256_madd_epi16(scales16, bsums), 5));
+    }
+    acc = _mm_add_ps(acc, combine_q6k4(dh, x[i].d, hsum4(sumi[0], sumi[1], sumi[2], sumi[3])));
+  }
+  _mm_storeu_ps(out, acc);
+}
+
+// One row of x takes the four-row kernels; more, the single-row dot products row by row.
+template <void (*kRows4)(const uint8_t*, long long, const XQK*, float*), DotFn kDot, Format kF>
+void rows_kquant(const uint8_t* w, long long k, const uint8_t* xq, long long m, long long n0,
+                 long long n1, float* out, long long ldo) {
+  if (m == 1) {
+    decode_rows<kRows4, kDot, kF>(w, k, xq, n0, n1, out);
+  } else {
+    dot_rows<kDot, kF>(w, k, xq, m, n0, n1, out, ldo);
+  }
+}
+
 // ---- dequantization (the dequantize + GEMM path), as quant_scalar.cpp's ----
 
 // 32 byte values (signed when kSigned) to f32, times `scale`, minus `shift` (not fused; signed
@@ -204,9 +290,12 @@ const DequantRowFn dequant_row_avx2[kFormats] = {
     &dequant_q6_k, &dequant_q5_0, &dequant_q5_1};
 
 const QuantRowsFn quant_rows_avx2[kFormats] = {
-    &dot_rows<&dot_q4_0, Format::kQ4_0>,       &dot_rows<&dot_q8_0, Format::kQ8_0>,
-    &dot_rows<&dot_qkx<false>, Format::kQ4_K>, &dot_rows<&dot_qkx<true>, Format::kQ5_K>,
-    &dot_rows<&dot_q6_k, Format::kQ6_K>,       &dot_rows<&dot_q5_0, Format::kQ5_0>,
+    &dot_rows<&dot_q4_0, Format::kQ4_0>,
+    &dot_rows<&dot_q8_0, Format::kQ8_0>,
+    &rows_kquant<&qkx_rows4<false>, &dot_qkx<false>, Format::kQ4_K>,
+    &rows_kquant<&qkx_rows4<true>, &dot_qkx<true>, Format::kQ5_K>,
+    &rows_kquant<&q6k_rows4, &dot_q6_k, Format::kQ6_K>,
+    &dot_rows<&dot_q5_0, Format::kQ5_0>,
     &dot_rows<&dot_q5_1, Format::kQ5_1>};
 
 }  // namespace promptcache::kernels::quant

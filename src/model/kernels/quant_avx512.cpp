@@ -1,9 +1,10 @@
 // src/model/kernels/quant_avx512.cpp — integer dot products of GGML weight blocks with x
 // quantized to 8 bits (quant_blocks.hpp), AVX-512 VNNI: vpdpbusd sums four unsigned weight values
 // times four signed x values into each int32 lane in one instruction (AVX2 needs vpmaddubsw and
-// vpmaddwd); the K-quants take two sub-blocks (64 values) per 512-bit register and scale the
-// lanes with vpmulld. Every block's integer sums equal the scalar kernel's, combined in f32 in the
-// same order, so the result is bitwise the scalar one's.
+// vpmaddwd); the K-quants take two sub-blocks (64 values) per 512-bit register, pack the 4-value
+// sums to int16 and scale them with vpdpwssd (the single-row dot_* functions: vpmulld). Every
+// block's integer sums equal the scalar kernel's, combined in f32 in the same order, so the result
+// is bitwise the scalar one's.
 #include "quant_blocks.hpp"
 
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && \
@@ -158,35 +159,6 @@ __m128i hsum4(__m512i a, __m512i b, __m512i c, __m512i d) {
   return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 
-__m128i hsum4(__m128i a, __m128i b, __m128i c, __m128i d) {
-  const __m128i ab = _mm_add_epi32(_mm_unpacklo_epi32(a, b), _mm_unpackhi_epi32(a, b));
-  const __m128i cd = _mm_add_epi32(_mm_unpacklo_epi32(c, d), _mm_unpackhi_epi32(c, d));
-  return _mm_add_epi32(_mm_unpacklo_epi64(ab, cd), _mm_unpackhi_epi64(ab, cd));
-}
-
-// A Q4_K/Q5_K block's eight 6-bit scales (int16 lanes 0-7) and mins (lanes 8-15), unpacked from
-// its 12 bytes as scale_min_k4 reads them.
-__m256i k_scales_mins(const uint8_t* packed) {
-  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
-  uint32_t u[3];
-  std::memcpy(u, packed, 12);
-  const uint32_t sc_lo = u[0] & kLow6, m_lo = u[1] & kLow6;
-  const uint32_t sc_hi = (u[2] & kLow4) | (((u[0] >> 6) & kLow2) << 4);
-  const uint32_t m_hi = ((u[2] >> 4) & kLow4) | (((u[1] >> 6) & kLow2) << 4);
-  return _mm256_cvtepu8_epi16(_mm_setr_epi32(static_cast<int>(sc_lo), static_cast<int>(sc_hi),
-                                             static_cast<int>(m_lo), static_cast<int>(m_hi)));
-}
-
-// The block two ahead in the same row, asked for now: four rows read side by side are four
-// streams the hardware prefetcher alone leaves the kernel waiting on (bench_linear, one row of x,
-// tinyllama's 5632 x 2048 from memory: Q4_K 0.467 ms without, 0.355 ms two blocks ahead, 0.384
-// four, 0.482 one).
-constexpr long long kPrefetchBlocks = 2;
-inline void prefetch_ahead(const uint8_t* block, long long bytes) {
-  const char* p = reinterpret_cast<const char*>(block + kPrefetchBlocks * bytes);
-  for (long long o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
-}
-
 // Constants of the K-quant kernels below.
 struct KConsts {
   __m512i low = _mm512_set1_epi8(0x0F);
@@ -250,13 +222,6 @@ __m512i scaled_dots(const __m512i q[4], const int8_t* xqs, const ScalePair& s) {
   return _mm512_dpwssd_epi32(a, _mm512_packs_epi32(p[2], p[3]), s.second);
 }
 
-// The x sums of each 32-value sub-block of an XQK block (pairs of its bsums), as int16.
-__m128i pair_sums(const XQK& x) {
-  const __m256i sums = _mm256_madd_epi16(
-      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.bsums)), _mm256_set1_epi16(1));
-  return _mm_packs_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
-}
-
 // Q6_K's -32 of every value as an int32 vector to add: 32 times the sum over groups of scale x
 // sum(x), negated.
 __m512i q6k_bias(__m256i scales16, const XQK& x) {
@@ -275,9 +240,10 @@ int32_t hsum(__m128i v) {
 }
 
 template <bool kFive>
-void qkx_rows4(const uint8_t* w, long long nb, const XQK* x, const KConsts& k, float* out) {
+void qkx_rows4(const uint8_t* w, long long nb, const XQK* x, float* out) {
   constexpr long long kBytes = kFive ? 176 : 144;
   const long long row = nb * kBytes;
+  const KConsts k;
   __m128 acc = _mm_setzero_ps();
   for (long long i = 0; i < nb; ++i) {
     const __m128i sums32 = pair_sums(x[i]);
@@ -294,25 +260,16 @@ void qkx_rows4(const uint8_t* w, long long nb, const XQK* x, const KConsts& k, f
       qkx_values<kFive>(b, k, q);
       sumi[r] = scaled_dots(q, x[i].qs, scale_pair(scales_mins, k.first_pairs, k.second_pairs));
     }
-    // d and dmin of the four rows: f16 pairs, deinterleaved after the conversion.
-    const __m256 halves =
-        _mm256_cvtph_ps(_mm_setr_epi32(static_cast<int>(dm[0]), static_cast<int>(dm[1]),
-                                       static_cast<int>(dm[2]), static_cast<int>(dm[3])));
-    const __m128 lo = _mm256_castps256_ps128(halves), hi = _mm256_extractf128_ps(halves, 1);
-    const __m128 d = _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0));
-    const __m128 dmin = _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1));
-    const __m128 si = _mm_cvtepi32_ps(hsum4(sumi[0], sumi[1], sumi[2], sumi[3]));
-    const __m128 sm = _mm_cvtepi32_ps(hsum4(summ[0], summ[1], summ[2], summ[3]));
-    // combine_qkx: xd * (d * sumi - dmin * summ), for each row.
-    acc = _mm_add_ps(
-        acc, _mm_mul_ps(_mm_set1_ps(x[i].d), _mm_sub_ps(_mm_mul_ps(d, si), _mm_mul_ps(dmin, sm))));
+    acc = _mm_add_ps(acc, combine_qkx4(dm, x[i].d, hsum4(sumi[0], sumi[1], sumi[2], sumi[3]),
+                                       hsum4(summ[0], summ[1], summ[2], summ[3])));
   }
   _mm_storeu_ps(out, acc);
 }
 
-void q6k_rows4(const uint8_t* w, long long nb, const XQK* x, const KConsts& k, float* out) {
+void q6k_rows4(const uint8_t* w, long long nb, const XQK* x, float* out) {
   constexpr long long kBytes = 210;
   const long long row = nb * kBytes;
+  const KConsts k;
   __m128 acc = _mm_setzero_ps();
   for (long long i = 0; i < nb; ++i) {
     __m512i sumi[4];
@@ -328,25 +285,9 @@ void q6k_rows4(const uint8_t* w, long long nb, const XQK* x, const KConsts& k, f
           scaled_dots(q, x[i].qs, scale_pair(scales, k.first_groups, k.last_groups)),
           q6k_bias(scales, x[i]));
     }
-    const __m128 d = _mm_cvtph_ps(_mm_setr_epi16(dh[0], dh[1], dh[2], dh[3], 0, 0, 0, 0));
-    const __m128 si = _mm_cvtepi32_ps(hsum4(sumi[0], sumi[1], sumi[2], sumi[3]));
-    // combine_q6k: xd * d * sumi, for each row.
-    acc = _mm_add_ps(acc, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(x[i].d), d), si));
+    acc = _mm_add_ps(acc, combine_q6k4(dh, x[i].d, hsum4(sumi[0], sumi[1], sumi[2], sumi[3])));
   }
   _mm_storeu_ps(out, acc);
-}
-
-// One row of x: weight rows four at a time, the rest by the single-row dot product.
-template <void (*kRows4)(const uint8_t*, long long, const XQK*, const KConsts&, float*), DotFn kDot,
-          Format kF>
-void decode_rows(const uint8_t* w, long long k, const uint8_t* xq, long long n0, long long n1,
-                 float* out) {
-  const long long nb = k / kQK, row = nb * format_bytes(kF);
-  const auto* x = reinterpret_cast<const XQK*>(xq);
-  const KConsts consts;
-  long long j = n0;
-  for (; j + 4 <= n1; j += 4) kRows4(w + j * row, nb, x, consts, out + j);
-  for (; j < n1; ++j) out[j] = kDot(w + j * row, xq, nb);
 }
 
 // ---- rows for several rows of x: each weight block unpacked once for a tile of rows ----
@@ -568,8 +509,8 @@ void rows_k(const uint8_t* w, long long k, const uint8_t* xq, long long m, long 
 }
 
 // The K-quants: one row of x takes the four-row kernels above.
-template <void (*kRows4)(const uint8_t*, long long, const XQK*, const KConsts&, float*), DotFn kDot,
-          Format kF, class Block>
+template <void (*kRows4)(const uint8_t*, long long, const XQK*, float*), DotFn kDot, Format kF,
+          class Block>
 void rows_kquant(const uint8_t* w, long long k, const uint8_t* xq, long long m, long long n0,
                  long long n1, float* out, long long ldo) {
   if (m == 1) {
