@@ -112,10 +112,6 @@ bool cpu_has_f16c() {
 // Dequantized weight rows per GEMM block: a bounded scratch (16 MB) even for an lm_head.
 constexpr int64_t kDequantBlockFloats = int64_t{4} << 20;
 
-}  // namespace
-
-namespace {
-
 bool detect_quant_kernel(QuantKernel kernel) {
   switch (kernel) {
     case QuantKernel::kScalar:
