@@ -200,7 +200,7 @@ void q6k_values(const uint8_t* b, __m512i q[4]) {
   }
 }
 
-// The scales of vpdpwssd for packs_epi32(p0, p1) and packs_epi32(p2, p3) (group_index), from the
+// The scales of vpdpwssd for packs_epi32(p0, p1) and packs_epi32(p2, p3) (GroupIndex), from the
 // block's scales as int16 lanes.
 struct ScalePair {
   __m512i first, second;
