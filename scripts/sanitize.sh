@@ -72,8 +72,11 @@ esac
 start=$(date +%s)
 banner "sanitizer pass ($mode): configure and build ${targets[*]} in $build"
 cmake -S . -B "$build" "${common[@]}" "${flags[@]}" >/dev/null
+# The target list read whole before grep looks at it: `cmake ... | grep -q` under pipefail failed
+# whenever grep's early exit cut cmake's output (SIGPIPE), and the suite was silently left out.
+configured=$(cmake --build "$build" --target help)
 for target in "${optional[@]}"; do
-  if cmake --build "$build" --target help | grep -qw "$target"; then
+  if grep -qw "$target" <<<"$configured"; then
     targets+=("$target")
   else
     echo "sanitizer pass ($mode): $target is not configured in this build; its tests do not run"
