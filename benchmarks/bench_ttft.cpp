@@ -62,9 +62,7 @@ struct Samples {
   Response cached_response, copied_response, uncached_response;
 };
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   const bench::Flags flags(argc, argv, "bench_ttft",
                            {"schema", "fresh", "repeats", "threads", "shape", "device", "dtype",
                             "weights", "kv-dtype", "checkpoint", "kernels", "model"});
@@ -210,4 +208,17 @@ int main(int argc, char** argv) {
     }
   }
   return 0;
+}
+
+}  // namespace
+
+// A request the model cannot take (a schema longer than its context, a missing file) ends with
+// the library's message, not an uncaught exception.
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "bench_ttft: " << e.what() << "\n";
+    return 1;
+  }
 }
