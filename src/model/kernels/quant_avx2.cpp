@@ -67,6 +67,40 @@ float dot_q8_0(const uint8_t* w, const uint8_t* xq, long long nb) {
   return acc;
 }
 
+// A Q4_K (kFive false) or Q5_K block's integer sum with x's block, int32 lanes: each sub-block's
+// products scaled by its scale sc[s].
+template <bool kFive, class Scale>
+__m256i qkx_block_sum(const uint8_t* w, const XQK& x, const Scale* sc) {
+  const __m256i qh = kFive ? load32(w + 16) : _mm256_setzero_si256();
+  __m256i sum = _mm256_setzero_si256();
+  for (int c = 0; c < 4; ++c) {
+    __m256i lo, hi;
+    unpack_qkx_pair<kFive>(w + (kFive ? 48 : 16), qh, c, &lo, &hi);
+    sum = _mm256_add_epi32(sum, dot_scaled(lo, load32(x.qs + 64 * c),
+                                           _mm256_set1_epi16(static_cast<short>(sc[2 * c]))));
+    sum = _mm256_add_epi32(sum, dot_scaled(hi, load32(x.qs + 64 * c + 32),
+                                           _mm256_set1_epi16(static_cast<short>(sc[2 * c + 1]))));
+  }
+  return sum;
+}
+
+// A Q6_K block's integer sum with x's block of the values q + 32, int32 lanes (the -32 apart).
+__m256i q6k_block_sum(const uint8_t* w, const XQK& x) {
+  const auto* sc = reinterpret_cast<const int8_t*>(w + 192);
+  __m256i sum = _mm256_setzero_si256();
+  for (int h = 0; h < 2; ++h) {
+    __m256i u[4];
+    unpack_q6_half(w, h, u);
+    for (int g = 0; g < 4; ++g) {
+      const int s = 8 * h + 2 * g;  // the two 16-value groups of these 32 values
+      const __m256i scale = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(sc[s])),
+                                                    _mm_set1_epi16(sc[s + 1]), 1);
+      sum = _mm256_add_epi32(sum, dot_scaled(u[g], load32(x.qs + 128 * h + 32 * g), scale));
+    }
+  }
+  return sum;
+}
+
 // Q4_K (kFive false) and Q5_K.
 template <bool kFive>
 float dot_qkx(const uint8_t* w, const uint8_t* xq, long long nb) {
@@ -76,17 +110,7 @@ float dot_qkx(const uint8_t* w, const uint8_t* xq, long long nb) {
   for (long long i = 0; i < nb; ++i, w += kBytes) {
     int sc[8];
     const int32_t summ = k_scales(w, x[i], sc);
-    const __m256i qh = kFive ? load32(w + 16) : _mm256_setzero_si256();
-    __m256i sum = _mm256_setzero_si256();
-    for (int c = 0; c < 4; ++c) {
-      __m256i lo, hi;
-      unpack_qkx_pair<kFive>(w + (kFive ? 48 : 16), qh, c, &lo, &hi);
-      sum = _mm256_add_epi32(
-          sum, dot_scaled(lo, load32(x[i].qs + 64 * c), _mm256_set1_epi16(sc[2 * c])));
-      sum = _mm256_add_epi32(
-          sum, dot_scaled(hi, load32(x[i].qs + 64 * c + 32), _mm256_set1_epi16(sc[2 * c + 1])));
-    }
-    acc += combine_qkx(half(w), half(w + 2), x[i].d, hsum(sum), summ);
+    acc += combine_qkx(half(w), half(w + 2), x[i].d, hsum(qkx_block_sum<kFive>(w, x[i], sc)), summ);
   }
   return acc;
 }
@@ -96,18 +120,8 @@ float dot_q6_k(const uint8_t* w, const uint8_t* xq, long long nb) {
   float acc = 0;
   for (long long i = 0; i < nb; ++i, w += 210) {
     const auto* sc = reinterpret_cast<const int8_t*>(w + 192);
-    __m256i sum = _mm256_setzero_si256();
-    for (int h = 0; h < 2; ++h) {
-      __m256i u[4];
-      unpack_q6_half(w, h, u);
-      for (int g = 0; g < 4; ++g) {
-        const int s = 8 * h + 2 * g;  // the two 16-value groups of these 32 values
-        const __m256i scale = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(sc[s])),
-                                                      _mm_set1_epi16(sc[s + 1]), 1);
-        sum = _mm256_add_epi32(sum, dot_scaled(u[g], load32(x[i].qs + 128 * h + 32 * g), scale));
-      }
-    }
-    acc += combine_q6k(half(w + 208), x[i].d, hsum(sum) - 32 * q6_bias(sc, x[i]));
+    acc +=
+        combine_q6k(half(w + 208), x[i].d, hsum(q6k_block_sum(w, x[i])) - 32 * q6_bias(sc, x[i]));
   }
   return acc;
 }
@@ -119,72 +133,22 @@ float dot_q6_k(const uint8_t* w, const uint8_t* xq, long long nb) {
 
 template <bool kFive>
 void qkx_rows4(const uint8_t* w, long long nb, const XQK* x, float* out) {
-  constexpr long long kBytes = kFive ? 176 : 144;
-  const long long row = nb * kBytes;
-  __m128 acc = _mm_setzero_ps();
-  for (long long i = 0; i < nb; ++i) {
-    const __m128i sums32 = pair_sums(x[i]);
-    __m256i sumi[4];
-    __m128i summ[4];
-    uint32_t dm[4];
-    for (int r = 0; r < 4; ++r) {
-      const uint8_t* b = w + r * row + i * kBytes;
-      prefetch_ahead(b, kBytes);
-      dm[r] = load_u32(b);
-      const __m256i scales_mins = k_scales_mins(b + 4);
-      summ[r] = _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), sums32);
-      alignas(32) int16_t sc[16];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(sc), scales_mins);
-      const __m256i qh = kFive ? load32(b + 16) : _mm256_setzero_si256();
-      __m256i sum = _mm256_setzero_si256();
-      for (int c = 0; c < 4; ++c) {
-        __m256i lo, hi;
-        unpack_qkx_pair<kFive>(b + (kFive ? 48 : 16), qh, c, &lo, &hi);
-        sum = _mm256_add_epi32(
-            sum, dot_scaled(lo, load32(x[i].qs + 64 * c), _mm256_set1_epi16(sc[2 * c])));
-        sum = _mm256_add_epi32(
-            sum, dot_scaled(hi, load32(x[i].qs + 64 * c + 32), _mm256_set1_epi16(sc[2 * c + 1])));
-      }
-      sumi[r] = sum;
-    }
-    acc = _mm_add_ps(acc, combine_qkx4(dm, x[i].d, hsum4(sumi[0], sumi[1], sumi[2], sumi[3]),
-                                       hsum4(summ[0], summ[1], summ[2], summ[3])));
-  }
-  _mm_storeu_ps(out, acc);
+  qkx_rows4_with<kFive>(w, nb, x, out, [](const uint8_t* b, __m256i scales_mins, const XQK& xb) {
+    alignas(32) int16_t sc[16];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sc), scales_mins);
+    return qkx_block_sum<kFive>(b, xb, sc);
+  });
 }
 
 void q6k_rows4(const uint8_t* w, long long nb, const XQK* x, float* out) {
-  constexpr long long kBytes = 210;
-  const long long row = nb * kBytes;
-  __m128 acc = _mm_setzero_ps();
-  for (long long i = 0; i < nb; ++i) {
-    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].bsums));
-    __m256i sumi[4];
-    int16_t dh[4];
-    for (int r = 0; r < 4; ++r) {
-      const uint8_t* b = w + r * row + i * kBytes;
-      prefetch_ahead(b, kBytes);
-      dh[r] = static_cast<int16_t>(load_u16(b + 208));
-      const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
-      __m256i sum = _mm256_setzero_si256();
-      for (int h = 0; h < 2; ++h) {
-        __m256i u[4];
-        unpack_q6_half(b, h, u);
-        for (int g = 0; g < 4; ++g) {
-          const int s = 8 * h + 2 * g;  // the two 16-value groups of these 32 values
-          const __m256i scale = _mm256_inserti128_si256(
-              _mm256_castsi128_si256(_mm_set1_epi16(sc[s])), _mm_set1_epi16(sc[s + 1]), 1);
-          sum = _mm256_add_epi32(sum, dot_scaled(u[g], load32(x[i].qs + 128 * h + 32 * g), scale));
-        }
-      }
-      // The values are q + 32: less 32 times the sum over groups of scale x sum(x).
-      const __m256i scales16 =
-          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
-      sumi[r] = _mm256_sub_epi32(sum, _mm256_slli_epi32(_mm256_madd_epi16(scales16, bsums), 5));
-    }
-    acc = _mm_add_ps(acc, combine_q6k4(dh, x[i].d, hsum4(sumi[0], sumi[1], sumi[2], sumi[3])));
-  }
-  _mm_storeu_ps(out, acc);
+  q6k_rows4_with(w, nb, x, out, [](const uint8_t* b, const XQK& xb) {
+    // The values are q + 32: less 32 times the sum over groups of scale x sum(x).
+    const __m256i scales16 =
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)));
+    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.bsums));
+    return _mm256_sub_epi32(q6k_block_sum(b, xb),
+                            _mm256_slli_epi32(_mm256_madd_epi16(scales16, bsums), 5));
+  });
 }
 
 // One row of x takes the four-row kernels; more, the single-row dot products row by row.

@@ -17,6 +17,18 @@
 namespace promptcache::kernels::quant {
 namespace {
 
+// [sum of a, sum of b, sum of c, sum of d] of four int32 vectors (before quant_unpack.inl, whose
+// four-row kernels call it).
+__m128i hsum4(__m512i a, __m512i b, __m512i c, __m512i d) {
+  const __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+  const __m512i cd = _mm512_add_epi32(_mm512_unpacklo_epi32(c, d), _mm512_unpackhi_epi32(c, d));
+  const __m512i abcd =
+      _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
+  const __m256i h =
+      _mm256_add_epi32(_mm512_castsi512_si256(abcd), _mm512_extracti64x4_epi64(abcd, 1));
+  return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
 #include "quant_unpack.inl"
 
 // Two 32-byte halves as one 512-bit register (a in the low half).
@@ -148,17 +160,6 @@ struct GroupIndex {
 constexpr GroupIndex kFirstPairs(0, true), kSecondPairs(4, true);
 constexpr GroupIndex kFirstGroups(0, false), kLastGroups(8, false);
 
-// [sum of a, sum of b, sum of c, sum of d] of four int32 vectors.
-__m128i hsum4(__m512i a, __m512i b, __m512i c, __m512i d) {
-  const __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
-  const __m512i cd = _mm512_add_epi32(_mm512_unpacklo_epi32(c, d), _mm512_unpackhi_epi32(c, d));
-  const __m512i abcd =
-      _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
-  const __m256i h =
-      _mm256_add_epi32(_mm512_castsi512_si256(abcd), _mm512_extracti64x4_epi64(abcd, 1));
-  return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-}
-
 // Constants of the K-quant kernels below.
 struct KConsts {
   __m512i low = _mm512_set1_epi8(0x0F);
@@ -241,53 +242,24 @@ int32_t hsum(__m128i v) {
 
 template <bool kFive>
 void qkx_rows4(const uint8_t* w, long long nb, const XQK* x, float* out) {
-  constexpr long long kBytes = kFive ? 176 : 144;
-  const long long row = nb * kBytes;
   const KConsts k;
-  __m128 acc = _mm_setzero_ps();
-  for (long long i = 0; i < nb; ++i) {
-    const __m128i sums32 = pair_sums(x[i]);
-    __m512i sumi[4];
-    __m128i summ[4];
-    uint32_t dm[4];
-    for (int r = 0; r < 4; ++r) {
-      const uint8_t* b = w + r * row + i * kBytes;
-      prefetch_ahead(b, kBytes);
-      dm[r] = load_u32(b);
-      const __m256i scales_mins = k_scales_mins(b + 4);
-      summ[r] = _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), sums32);
-      __m512i q[4];
-      qkx_values<kFive>(b, k, q);
-      sumi[r] = scaled_dots(q, x[i].qs, scale_pair(scales_mins, k.first_pairs, k.second_pairs));
-    }
-    acc = _mm_add_ps(acc, combine_qkx4(dm, x[i].d, hsum4(sumi[0], sumi[1], sumi[2], sumi[3]),
-                                       hsum4(summ[0], summ[1], summ[2], summ[3])));
-  }
-  _mm_storeu_ps(out, acc);
+  qkx_rows4_with<kFive>(w, nb, x, out, [&k](const uint8_t* b, __m256i scales_mins, const XQK& xb) {
+    __m512i q[4];
+    qkx_values<kFive>(b, k, q);
+    return scaled_dots(q, xb.qs, scale_pair(scales_mins, k.first_pairs, k.second_pairs));
+  });
 }
 
 void q6k_rows4(const uint8_t* w, long long nb, const XQK* x, float* out) {
-  constexpr long long kBytes = 210;
-  const long long row = nb * kBytes;
   const KConsts k;
-  __m128 acc = _mm_setzero_ps();
-  for (long long i = 0; i < nb; ++i) {
-    __m512i sumi[4];
-    int16_t dh[4];
-    for (int r = 0; r < 4; ++r) {
-      const uint8_t* b = w + r * row + i * kBytes;
-      prefetch_ahead(b, kBytes);
-      dh[r] = static_cast<int16_t>(load_u16(b + 208));
-      const __m256i scales = q6k_scales(b);
-      __m512i q[4];
-      q6k_values(b, q);
-      sumi[r] = _mm512_add_epi32(
-          scaled_dots(q, x[i].qs, scale_pair(scales, k.first_groups, k.last_groups)),
-          q6k_bias(scales, x[i]));
-    }
-    acc = _mm_add_ps(acc, combine_q6k4(dh, x[i].d, hsum4(sumi[0], sumi[1], sumi[2], sumi[3])));
-  }
-  _mm_storeu_ps(out, acc);
+  q6k_rows4_with(w, nb, x, out, [&k](const uint8_t* b, const XQK& xb) {
+    const __m256i scales = q6k_scales(b);
+    __m512i q[4];
+    q6k_values(b, q);
+    return _mm512_add_epi32(
+        scaled_dots(q, xb.qs, scale_pair(scales, k.first_groups, k.last_groups)),
+        q6k_bias(scales, xb));
+  });
 }
 
 // ---- rows for several rows of x: each weight block unpacked once for a tile of rows ----

@@ -165,6 +165,56 @@ __m128 combine_q6k4(const int16_t dh[4], float xd, __m128i sumi) {
   return _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(xd), d), _mm_cvtepi32_ps(sumi));
 }
 
+// One row of x against four weight rows' Q4_K/Q5_K blocks, block by block: block_sum(block,
+// scales_mins, x's block) is a block's integer sum as int32 lanes, in the unit's own instructions
+// (scales_mins: k_scales_mins); the prefetch, the mins' sums, the reduction of four rows and the
+// f32 combination are shared.
+template <bool kFive, class BlockSum>
+void qkx_rows4_with(const uint8_t* w, long long nb, const XQK* x, float* out,
+                    const BlockSum& block_sum) {
+  constexpr long long kBytes = kFive ? 176 : 144;
+  const long long row = nb * kBytes;
+  __m128 acc = _mm_setzero_ps();
+  for (long long i = 0; i < nb; ++i) {
+    const __m128i sums32 = pair_sums(x[i]);
+    decltype(block_sum(w, __m256i{}, x[i])) sumi[4];
+    __m128i summ[4];
+    uint32_t dm[4];
+    for (int r = 0; r < 4; ++r) {
+      const uint8_t* b = w + r * row + i * kBytes;
+      prefetch_ahead(b, kBytes);
+      dm[r] = load_u32(b);
+      const __m256i scales_mins = k_scales_mins(b + 4);
+      summ[r] = _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), sums32);
+      sumi[r] = block_sum(b, scales_mins, x[i]);
+    }
+    acc = _mm_add_ps(acc, combine_qkx4(dm, x[i].d, hsum4(sumi[0], sumi[1], sumi[2], sumi[3]),
+                                       hsum4(summ[0], summ[1], summ[2], summ[3])));
+  }
+  _mm_storeu_ps(out, acc);
+}
+
+// The same for Q6_K: block_sum(block, x's block) is a block's integer sum, its -32 included.
+template <class BlockSum>
+void q6k_rows4_with(const uint8_t* w, long long nb, const XQK* x, float* out,
+                    const BlockSum& block_sum) {
+  constexpr long long kBytes = 210;
+  const long long row = nb * kBytes;
+  __m128 acc = _mm_setzero_ps();
+  for (long long i = 0; i < nb; ++i) {
+    decltype(block_sum(w, x[i])) sumi[4];
+    int16_t dh[4];
+    for (int r = 0; r < 4; ++r) {
+      const uint8_t* b = w + r * row + i * kBytes;
+      prefetch_ahead(b, kBytes);
+      dh[r] = static_cast<int16_t>(load_u16(b + 208));
+      sumi[r] = block_sum(b, x[i]);
+    }
+    acc = _mm_add_ps(acc, combine_q6k4(dh, x[i].d, hsum4(sumi[0], sumi[1], sumi[2], sumi[3])));
+  }
+  _mm_storeu_ps(out, acc);
+}
+
 // One row of x: weight rows four at a time by kRows4, the rest by the single-row dot product.
 template <void (*kRows4)(const uint8_t*, long long, const XQK*, float*), DotFn kDot, Format kF>
 void decode_rows(const uint8_t* w, long long k, const uint8_t* xq, long long n0, long long n1,
