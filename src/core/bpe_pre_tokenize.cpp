@@ -5,8 +5,8 @@
 // the pre-tokenizer steps cut it into pre-tokens, each step applied to every piece the previous
 // one produced (Split on a regex or a string with one of HuggingFace's five delimiter
 // behaviours, ByteLevel with GPT-2's split regex, Metaspace, Punctuation, Digits). The regexes run
-// in JsRegex, which gives them the semantics the reference tokenizers give them (js_regex.hpp);
-// nothing here uses std::regex.
+// in JsRegex, which gives them the semantics the reference tokenizers give them (js_regex.hpp),
+// never in the standard library's regex engine (it recurses per character).
 #include <algorithm>
 
 #include "bpe_pipeline.hpp"
