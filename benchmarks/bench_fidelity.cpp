@@ -23,21 +23,24 @@
 //    (bf16 weights and states): how much accepted arithmetic changes flip the same near-ties
 //    (not run by default).
 //  * speed (a synthetic --shape model, default bench-small): a --schema-token (default 2048)
-//    document schema of 128-token modules, a prompt selecting all but its second module, then
-//    --fresh (default 16) fresh tokens. Cached TTFT at every r and criterion against the
-//    no-cache TTFT, all measured in this run, best of --repeats (default 3), repeats interleaved;
-//    then --repeats more runs of each through recompute_prefill for its phases (RecomputeReport,
-//    each phase's fastest).
+//    document schema of 128-token modules, a prompt selecting all but its second module (--layout
+//    gap, the default) or all of them (--layout prefix: exact without recompute, so a share r
+//    finds nothing to recompute), then --fresh (default 16) fresh tokens. Cached TTFT at every r
+//    and criterion against the no-cache TTFT, all measured in this run, best of --repeats (default
+//    3), repeats interleaved; then --repeats more runs of each through recompute_prefill for its
+//    phases (RecomputeReport, each phase's fastest).
 //
 //   build/benchmarks/bench_fidelity [--part fidelity,speed,floor] [--recompute
 //   0,0.05,0.1,0.2,0.3,0.5,1]
 //       [--criteria deviation,boundary] [--prompts 200] [--seed 7] [--tokens 32] [--model DIR]
 //       [--select-layer 1] [--first-k 8] [--precision f32,default]
-//       [--shape bench-small] [--schema 2048] [--fresh 16] [--repeats 3] [--threads N]
+//       [--shape bench-small] [--schema 2048] [--fresh 16] [--layout gap] [--repeats 3]
+//       [--threads N]
 #include <torch/types.h>
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -288,6 +291,11 @@ void speed_part(const bench::Flags& flags, const std::vector<double>& fractions,
   const int repeats = flags.integer("repeats", 3);
   const int select_layer = flags.integer("select-layer", 1);
   const int first_k = flags.integer("first-k", 8);
+  const std::string layout = flags.text("layout", "gap");
+  if (layout != "gap" && layout != "prefix") {
+    std::cerr << "bench_fidelity: unknown --layout " << layout << " (gap, prefix)\n";
+    std::exit(2);
+  }
   std::ostringstream xml, refs;
   xml << "<schema name=\"docs\">";
   std::size_t from = 0;
@@ -296,7 +304,7 @@ void speed_part(const bench::Flags& flags, const std::vector<double>& fractions,
     const int n = std::min(128, remaining);
     xml << "<module name=\"d" << modules << "\">"
         << bench::text_of_tokens(engine.tokenizer(), words, from, n) << "</module>";
-    if (modules != 1) refs << "<d" << modules << "/>";  // a gap after the first module
+    if (modules != 1 || layout == "prefix") refs << "<d" << modules << "/>";  // gap: d1 left out
     remaining -= n;
     ++modules;
   }
@@ -340,13 +348,16 @@ void speed_part(const bench::Flags& flags, const std::vector<double>& fractions,
   // through recompute_prefill (same assembly as a request's), phase by phase, each phase's
   // fastest kept (a shared machine's stalls land in one phase of one run).
   const auto resolved = engine.resolve(pml::parse_prompt_string(prompt));
+  const auto exact = static_cast<int64_t>(
+      exact_prefix_tokens(engine.layout("docs"), resolved, EncodingMode::kScaffold));
   for (int rep = 0; rep < repeats; ++rep) {
     for (auto& s : settings) {
       if (s.r <= 0) continue;
       KVCache cache = engine.model().make_cache(0);
-      const auto assembled = Assembler().assemble(
-          resolved, engine.layout("docs"), engine.store(), cache,
-          static_cast<int64_t>(resolved.baseline.size()), AssembleOptions{false, true});
+      auto assembled = Assembler().assemble(resolved, engine.layout("docs"), engine.store(), cache,
+                                            static_cast<int64_t>(resolved.baseline.size()),
+                                            AssembleOptions{false, true});
+      assembled.exact_tokens = exact;  // as a request's prefill sets it
       RecomputeReport phases;
       recompute_prefill(
           engine.model(), resolved, assembled, cache,
@@ -373,7 +384,9 @@ void speed_part(const bench::Flags& flags, const std::vector<double>& fractions,
     nlohmann::json j = {
         {"bench", "fidelity_speed"},
         {"shape", shape},
+        {"layout", layout},
         {"cached_tokens", s.last.cached_tokens},
+        {"exact_tokens", exact},
         {"fresh_tokens", s.last.fresh_tokens},
         {"recompute", s.r},
         {"criterion", s.criterion},
@@ -409,7 +422,7 @@ int main(int argc, char** argv) {
   const bench::Flags flags(
       argc, argv, "bench_fidelity",
       {"part", "recompute", "criteria", "prompts", "seed", "tokens", "model", "shape", "schema",
-       "fresh", "repeats", "threads", "select-layer", "precision", "first-k"});
+       "fresh", "repeats", "threads", "select-layer", "precision", "first-k", "layout"});
   const auto threads = configure_threads(flags.integer("threads", 0));
   const auto fractions = parse_doubles(flags.text("recompute", "0,0.05,0.1,0.2,0.3,0.5,1"));
   const auto criteria = flags.words("criteria", "deviation,boundary");

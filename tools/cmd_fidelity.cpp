@@ -26,6 +26,7 @@ nlohmann::json fidelity_json(const PromptFidelity& f) {
           {"prompt_tokens", f.prompt_tokens},
           {"cached_tokens", f.cached_tokens},
           {"recomputed_tokens", f.recomputed_tokens},
+          {"exact_tokens", f.exact_tokens},
           {"first_token_margin", f.first_token_margin},
           {"divergence_margin", f.divergence_margin},
           {"baseline_continuation", f.baseline_continuation},

@@ -24,6 +24,7 @@ nlohmann::json response_json(const Response& r, bool cached) {
           {"in_place_tokens", r.in_place_tokens},
           {"fresh_tokens", r.fresh_tokens},
           {"recomputed_tokens", r.recomputed_tokens},
+          {"exact_tokens", r.exact_tokens},
           {"kv_bytes", r.kv_bytes}};
 }
 

@@ -117,7 +117,10 @@ struct Response {
   int64_t in_place_tokens = 0;  // of those, tokens read in place from the store (not copied)
   int64_t fresh_tokens = 0;     // prompt tokens run through the model
   int64_t recomputed_tokens = 0;  // cached tokens run again (RequestOptions::recompute)
-  int64_t kv_bytes = 0;           // bytes copied into the KV cache (none for in-place tokens)
+  // When the request recomputes: of the cached tokens, the prompt's exact leading run, whose
+  // states are the no-cache ones already and which recompute never chooses (recompute.hpp).
+  int64_t exact_tokens = 0;
+  int64_t kv_bytes = 0;  // bytes copied into the KV cache (none for in-place tokens)
 };
 
 // Scoring (Engine::score, `promptcache eval`): how likely the model finds each continuation
@@ -325,6 +328,11 @@ class Engine {
   // the loaded schemas).
   EntryPtr entry(const std::string& schema) const;
   EntryPtr entry_for(const pml::Prompt& prompt) const;
+  // Whether a request's prefill of `resolved` would recompute anything: it uses the cache, asks
+  // for a share (its own, else the schema's) or a module budget, and the prompt is not a prefix
+  // (exact_without_recompute). Such prompts are prefilled one by one in batches.
+  bool recomputes(const SchemaEntry& schema, const pml::ResolvedPrompt& resolved,
+                  const RequestOptions& request) const;
   // Makes `entry` the schema's (replacing any), with its states in store_ too.
   void publish(const std::string& name, EntryPtr entry);
   // Empties the free KV buffers that hold states of the schema (replaced or removed).

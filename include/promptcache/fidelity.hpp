@@ -42,6 +42,7 @@ struct PromptFidelity {
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;
   int64_t recomputed_tokens = 0;
+  int64_t exact_tokens = 0;  // cached tokens in the exact leading run (Response::exact_tokens)
   std::vector<TokenId> baseline_continuation, cached_continuation;
 };
 

@@ -7,7 +7,9 @@
 //   1. the whole prompt moves to the no-cache baseline's positions 0..n-1: each stored key is
 //      rotated from its reserved position to its place in the baseline (RoPE of the difference;
 //      values do not depend on the position), so the gaps between selected modules close;
-//   2. r x (cached tokens) slots are chosen by a criterion (RecomputeCriterion);
+//   2. r x (cached tokens) slots are chosen by a criterion (RecomputeCriterion), never among the
+//      prompt's exact leading run (AssembledPrompt::exact_tokens: its states are the no-cache
+//      ones already); a prefix prompt, all of whose cached slots are in it, recomputes nothing;
 //   3. those tokens and the fresh tokens run through the model together, each attending causally
 //      by position to every earlier token: stored states for the slots not chosen, recomputed
 //      ones for the chosen; every chosen slot's K/V in the request's buffer is overwritten.
@@ -133,7 +135,8 @@ int64_t recompute_capacity(const RecomputeOptions& options, const pml::ResolvedP
 // last prompt token ([vocab] float32). The cache then holds the prompt's slots at its baseline
 // positions, ready for decoding; its provenance tags are dropped (the slots no longer equal the
 // stored blocks). It needs room for assembled.cached_tokens + recompute_count(...) +
-// fresh tokens slots.
+// fresh tokens slots. When every cached slot is in the exact leading run and the fresh tokens
+// follow it, only the fresh tokens run, as without recompute (the slots and tags stay).
 torch::Tensor recompute_prefill(const LlamaModel& model, const pml::ResolvedPrompt& resolved,
                                 const AssembledPrompt& assembled, KVCache& cache,
                                 const RecomputeOptions& options, RecomputeReport* report = nullptr);

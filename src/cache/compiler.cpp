@@ -54,6 +54,43 @@ std::vector<std::size_t> encoding_context(const pml::Layout& layout, std::size_t
               "span " + std::to_string(span) + " is not stored by any encoding pass");
 }
 
+std::size_t exact_prefix_tokens(const pml::Layout& layout, const pml::ResolvedPrompt& prompt,
+                                EncodingMode mode) {
+  // Which pass stores each span, and where the span sits in it.
+  constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+  const std::vector<EncodingPass> passes = encoding_passes(layout, mode);
+  std::vector<std::size_t> stored_by(layout.spans.size(), kNone);
+  for (std::size_t p = 0; p < passes.size(); ++p) {
+    for (std::size_t s : passes[p].stored) stored_by[s] = p;
+  }
+  auto non_empty = [&](std::size_t s) { return !layout.spans[s].tokens.empty(); };
+  std::vector<std::size_t> run;  // the run's non-empty spans so far
+  std::size_t tokens = 0;
+  for (std::size_t s : prompt.spans) {
+    const pml::Span& span = layout.spans[s];
+    if (span.tokens.empty()) continue;
+    if (span.begin != tokens || span.kind == pml::SpanKind::kParameter || !span.cacheable ||
+        stored_by[s] == kNone) {
+      break;
+    }
+    const std::vector<std::size_t>& order = passes[stored_by[s]].spans;
+    std::vector<std::size_t> context;
+    for (auto it = order.begin(); it != order.end() && *it != s; ++it) {
+      if (non_empty(*it)) context.push_back(*it);
+    }
+    if (context != run) break;
+    run.push_back(s);
+    tokens += span.size();
+  }
+  return tokens;
+}
+
+bool exact_without_recompute(const pml::Layout& layout, const pml::ResolvedPrompt& prompt,
+                             EncodingMode mode) {
+  return exact_prefix_tokens(layout, prompt, mode) == prompt.text_begin &&
+         prompt.text_begin + prompt.text_tokens.size() == prompt.baseline.size();
+}
+
 namespace {
 
 // Error(kCancelled) once the caller's `cancelled` says so.

@@ -145,6 +145,7 @@ std::optional<BatchSession::RowId> BatchSession::admit(const pml::Prompt& prompt
   response.reused_tokens = pre.assembled.reused_tokens;
   response.fresh_tokens = static_cast<int64_t>(pre.assembled.fresh_tokens.size());
   response.recomputed_tokens = pre.recomputed_tokens;
+  response.exact_tokens = pre.assembled.exact_tokens;
   response.kv_bytes = pre.assembled.kv_bytes;
   return join(row, scratch_, pre.logits, resolved.baseline, params, std::move(on_token), room,
               start, std::move(response), 0, logprobs);

@@ -95,6 +95,7 @@ Response Engine::generate(const pml::Prompt& prompt, const SamplingParams& param
   r.in_place_tokens = pre.assembled.in_place_tokens;
   r.fresh_tokens = static_cast<int64_t>(pre.assembled.fresh_tokens.size());
   r.recomputed_tokens = pre.recomputed_tokens;
+  r.exact_tokens = pre.assembled.exact_tokens;
   r.kv_bytes = pre.assembled.kv_bytes;
   return r;
 }
@@ -133,6 +134,13 @@ std::vector<Response> Engine::generate_in_session(const std::vector<pml::Prompt>
   return responses;
 }
 
+bool Engine::recomputes(const SchemaEntry& schema, const pml::ResolvedPrompt& resolved,
+                        const RequestOptions& request) const {
+  const double share = request.recompute.value_or(schema.layout.recompute.value_or(0));
+  return request.use_cache && (share != 0 || !resolved.recompute_budgets.empty()) &&
+         !exact_without_recompute(schema.layout, resolved, options_.encoding);
+}
+
 std::vector<Response> Engine::generate_batch(const std::vector<pml::Prompt>& prompts,
                                              const SamplingParams& params,
                                              const BatchTokenCallback& on_token,
@@ -148,9 +156,7 @@ std::vector<Response> Engine::generate_batch(const std::vector<pml::Prompt>& pro
   for (const auto& p : prompts) {
     entries.push_back(entry_for(p));
     resolved.push_back(pml::resolve(p, entries.back()->layout, *tokenizer_));
-    const double share = request.recompute.value_or(entries.back()->layout.recompute.value_or(0));
-    recomputing = recomputing ||
-                  (request.use_cache && (share != 0 || !resolved.back().recompute_budgets.empty()));
+    recomputing = recomputing || recomputes(*entries.back(), resolved.back(), request);
   }
   if (recomputing) return generate_in_session(prompts, params, on_token, request);
   BufferLease buffer(*this, take_batch_buffer(rows), true);

@@ -66,6 +66,10 @@ Engine::Prefill Engine::prefill_with(const SchemaEntry* schema, const pml::Resol
     const SpanStore::Pin pinned = spans_->pin(schema->layout, *schema->spans, resolved.spans);
     out.assembled = Assembler().assemble(resolved, schema->layout, pinned.states(), cache,
                                          extra_capacity + recomputed, assembly);
+    if (recomputed > 0) {
+      out.assembled.exact_tokens =
+          static_cast<int64_t>(exact_prefix_tokens(schema->layout, resolved, options_.encoding));
+    }
   } else {
     out.assembled = baseline_prompt(resolved);
     cache.clear();

@@ -12,7 +12,7 @@ struct Run {
   KVCache cache;
   torch::Tensor first_logits;  // [vocab] float32
   double ttft_ms = 0;
-  int64_t cached_tokens = 0, recomputed_tokens = 0;
+  int64_t cached_tokens = 0, recomputed_tokens = 0, exact_tokens = 0;
 };
 
 int64_t top_token(const torch::Tensor& logits) {
@@ -86,6 +86,7 @@ Run prefill_run(const Engine& engine, const pml::ResolvedPrompt& resolved, bool 
   run.first_logits = pre.logits;
   run.cached_tokens = pre.assembled.cached_tokens;
   run.recomputed_tokens = pre.recomputed_tokens;
+  run.exact_tokens = pre.assembled.exact_tokens;
   return run;
 }
 
@@ -111,6 +112,7 @@ PromptFidelity measure_fidelity(const Engine& engine, const pml::Prompt& prompt,
   f.prompt_tokens = static_cast<int64_t>(resolved.baseline.size());
   f.cached_tokens = cached.cached_tokens;
   f.recomputed_tokens = cached.recomputed_tokens;
+  f.exact_tokens = cached.exact_tokens;
   f.baseline_ttft_ms = base.ttft_ms;
   f.cached_ttft_ms = cached.ttft_ms;
   f.first_token_kl = logits_kl(base.first_logits, cached.first_logits);

@@ -348,21 +348,30 @@ std::vector<bool> first_k_eligible(const SlotRuns& runs, int64_t k) {
   return eligible;
 }
 
+// The group of a slot whose states are exact already (AssembledPrompt::exact_tokens): never
+// chosen, whatever budget it falls under.
+constexpr int kExactSlot = -2;
+
 // Which recompute budget each cached slot falls under: a selected module's own
 // (ResolvedPrompt::recompute_budgets, by its slots' reserved positions) or the request's share
-// (the shared pool, group -1), and how many slots each recomputes.
+// (the shared pool, group -1), and how many slots each recomputes. A budget's count (and the
+// share's) is taken of all its slots, exact ones included, and capped at the others: the exact
+// slots are never chosen (group kExactSlot).
 struct SlotGroups {
-  std::vector<int> group;      // per cached slot: index into `count`, or -1 (the shared pool)
+  std::vector<int> group;      // per cached slot: index into `count`, -1 (the shared pool), or
+                               // kExactSlot
   std::vector<int64_t> count;  // per module budget: the slots it recomputes
   int64_t shared = 0;          // the shared pool's count
-  int64_t shared_slots = 0;    // the shared pool's slots
+  int64_t shared_slots = 0;    // the shared pool's slots that may be chosen (not exact)
+  int64_t choosable = 0;       // the slots that may be chosen, every group
 
   int64_t total() const { return std::accumulate(count.begin(), count.end(), shared); }
 };
 
-// `shared` < 0: recompute_count(fraction, the shared pool's slots).
+// `shared` < 0: recompute_count(fraction, the shared pool's slots). `exact`: per slot, whether
+// its states are exact already.
 SlotGroups slot_groups(const pml::ResolvedPrompt& resolved, const std::vector<int64_t>& reserved,
-                       double fraction, int64_t shared = -1) {
+                       const std::vector<bool>& exact, double fraction, int64_t shared = -1) {
   struct Range {
     int64_t begin, end;
     int group;
@@ -376,25 +385,31 @@ SlotGroups slot_groups(const pml::ResolvedPrompt& resolved, const std::vector<in
   std::sort(ranges.begin(), ranges.end(),
             [](const Range& a, const Range& b) { return a.begin < b.begin; });
   SlotGroups groups;
-  std::vector<std::size_t> members(resolved.recompute_budgets.size(), 0);
-  for (int64_t position : reserved) {
+  const std::size_t budgets = resolved.recompute_budgets.size();
+  std::vector<int64_t> members(budgets, 0), stale_members(budgets, 0);
+  int64_t pool = 0;
+  for (std::size_t s = 0; s < reserved.size(); ++s) {
+    const int64_t position = reserved[s];
     auto it = std::upper_bound(ranges.begin(), ranges.end(), position,
                                [](int64_t p, const Range& r) { return p < r.begin; });
     int g = -1;
     if (it != ranges.begin() && position < std::prev(it)->end) g = std::prev(it)->group;
-    groups.group.push_back(g);
-    if (g >= 0) {
-      ++members[static_cast<std::size_t>(g)];
-    } else {
-      ++groups.shared_slots;
+    (g >= 0 ? members[static_cast<std::size_t>(g)] : pool) += 1;
+    if (exact[s]) {
+      groups.group.push_back(kExactSlot);
+      continue;
     }
+    groups.group.push_back(g);
+    ++groups.choosable;
+    (g >= 0 ? stale_members[static_cast<std::size_t>(g)] : groups.shared_slots) += 1;
   }
-  for (std::size_t g = 0; g < members.size(); ++g) {
-    groups.count.push_back(
-        static_cast<int64_t>(resolved.recompute_budgets[g].budget.count(members[g])));
+  for (std::size_t g = 0; g < budgets; ++g) {
+    const auto count = static_cast<int64_t>(
+        resolved.recompute_budgets[g].budget.count(static_cast<std::size_t>(members[g])));
+    groups.count.push_back(std::min(count, stale_members[g]));
   }
-  groups.shared = shared >= 0 ? std::min(shared, groups.shared_slots)
-                              : recompute_count(fraction, groups.shared_slots);
+  groups.shared =
+      std::min(shared >= 0 ? shared : recompute_count(fraction, pool), groups.shared_slots);
   return groups;
 }
 
@@ -418,6 +433,7 @@ std::vector<int64_t> pick(const std::vector<double>& score, const SlotGroups& gr
   for (int64_t s : order) {
     if (!tier(s) && score[s] == -std::numeric_limits<double>::infinity()) continue;
     const int g = groups.group[s];
+    if (g == kExactSlot) continue;
     int64_t& l = g < 0 ? shared_left : left[static_cast<std::size_t>(g)];
     if (l > 0) {
       chosen.push_back(s);
@@ -471,9 +487,11 @@ std::vector<int64_t> choose(const LlamaModel& model, const pml::ResolvedPrompt& 
   const auto cached = static_cast<int64_t>(map.cached_position.size());
   const int64_t count = groups.total();
   if (count <= 0) return {};
-  if (count >= cached) {
-    std::vector<int64_t> all(static_cast<std::size_t>(cached));
-    std::iota(all.begin(), all.end(), int64_t{0});
+  if (count >= groups.choosable) {
+    std::vector<int64_t> all;
+    for (int64_t s = 0; s < cached; ++s) {
+      if (groups.group[s] != kExactSlot) all.push_back(s);
+    }
     return all;
   }
   switch (options.criterion) {
@@ -531,6 +549,14 @@ std::vector<int64_t> choose(const LlamaModel& model, const pml::ResolvedPrompt& 
   return slots;
 }
 
+// Per cached slot, whether its states are exact already: it holds one of the prompt's first
+// AssembledPrompt::exact_tokens baseline tokens.
+std::vector<bool> exact_slots(const BaselineMap& map, const AssembledPrompt& assembled) {
+  std::vector<bool> exact;
+  for (int64_t p : map.cached_position) exact.push_back(p < assembled.exact_tokens);
+  return exact;
+}
+
 // Moves the prompt to its baseline positions and chooses the slots (the runs are read first:
 // the move replaces the reserved positions and the provenance tags). `shared` as slot_groups'.
 std::vector<int64_t> move_and_choose(const LlamaModel& model, const pml::ResolvedPrompt& resolved,
@@ -539,7 +565,8 @@ std::vector<int64_t> move_and_choose(const LlamaModel& model, const pml::Resolve
                                      DeviationPass* pass, SlotGroups* groups_out,
                                      int64_t shared = -1, double* move_ms = nullptr) {
   const SlotRuns runs = slot_runs(cache);
-  SlotGroups groups = slot_groups(resolved, runs.reserved, options.fraction, shared);
+  SlotGroups groups =
+      slot_groups(resolved, runs.reserved, exact_slots(map, assembled), options.fraction, shared);
   const double start = now_ms();
   move_to_baseline(model, cache, map.cached_position);
   if (move_ms != nullptr) *move_ms = now_ms() - start;
@@ -771,6 +798,22 @@ torch::Tensor recompute_prefill(const LlamaModel& model, const pml::ResolvedProm
   const int64_t cached = assembled.cached_tokens;
   const double select_start = now_ms();
   const BaselineMap map = map_to_baseline(resolved, assembled, cache);
+  if (cached <= assembled.exact_tokens && !assembled.fresh_tokens.empty() &&
+      map.fresh_position == assembled.fresh_positions) {
+    // Every cached slot is exact and every token at its baseline position already (a prefix
+    // prompt): there is nothing to recompute, so the fresh tokens run as without recompute.
+    const auto int64 = torch::TensorOptions().dtype(torch::kInt64);
+    std::vector<int64_t> ids(assembled.fresh_tokens.begin(), assembled.fresh_tokens.end());
+    const double forward_start = now_ms();
+    auto logits =
+        model.forward(torch::tensor(ids, int64).unsqueeze(0),
+                      torch::tensor(assembled.fresh_positions, int64).unsqueeze(0), cache);
+    if (report != nullptr) {
+      *report = RecomputeReport{};
+      report->forward_ms = now_ms() - forward_start;
+    }
+    return logits.reshape({-1});
+  }
   DeviationPass pass;
   double move_ms = 0;
   SlotGroups groups;

@@ -145,9 +145,7 @@ std::vector<ScoreResponse> Engine::score_batch(
     const std::string row =
         prompts.size() > 1 ? " of prompt " + std::to_string(i + 1) + " of the batch" : "";
     check_continuations(continuations[i], next, vocab, limit, row, r.where);
-    const double share = request.recompute.value_or(entries.back()->layout.recompute.value_or(0));
-    recomputing =
-        recomputing || (request.use_cache && (share != 0 || !r.recompute_budgets.empty()));
+    recomputing = recomputing || recomputes(*entries.back(), r, request);
   }
   if (prompts.size() == 1 || recomputing) {
     std::vector<ScoreResponse> out;

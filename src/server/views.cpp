@@ -74,6 +74,7 @@ json response_json(const Response& r, bool use_cache, int batch_size, double que
             {"reused", r.reused_tokens},
             {"in_place", r.in_place_tokens},
             {"recomputed", r.recomputed_tokens},
+            {"exact", r.exact_tokens},
             {"generated", r.tokens.size()}}}};
 }
 

@@ -12,6 +12,7 @@
 #include "promptcache/fidelity.hpp"
 #include "promptcache/model/cpu_attention.hpp"
 #include "promptcache/recompute.hpp"
+#include "support/recompute_criteria.hpp"
 #include "support/tiny_model.hpp"
 
 using namespace promptcache;
@@ -29,13 +30,7 @@ const char* kSchema = R"(<schema name="story">
 const char* kGap = R"(<prompt schema="story"><park/><night/>What did they do?</prompt>)";
 const char* kPrefix = R"(<prompt schema="story"><intro/><park/>What did Lily see?</prompt>)";
 
-const std::vector<RecomputeCriterion> kAll = {
-    RecomputeCriterion::kDeviation,       RecomputeCriterion::kBoundary,
-    RecomputeCriterion::kRecent,          RecomputeCriterion::kAttention,
-    RecomputeCriterion::kImpact,          RecomputeCriterion::kFirstK,
-    RecomputeCriterion::kFirstKDeviation, RecomputeCriterion::kFirstKImpact,
-    RecomputeCriterion::kGradual,         RecomputeCriterion::kImpactExact,
-    RecomputeCriterion::kImpactLookahead};
+const std::vector<RecomputeCriterion>& kAll = test::all_recompute_criteria();
 
 std::vector<int64_t> choose(Engine& engine, const char* xml, int64_t count,
                             const RecomputeOptions& options) {

@@ -176,6 +176,7 @@ TEST_CASE("serve: \"recompute\" recomputes a share of the cached tokens as gener
                            {{"prompt", docs_prompt(3)}, {"max_new_tokens", 8}, {"recompute", 0.5}});
   CHECK(r["token_ids"].get<std::vector<TokenId>>() == expected.tokens);
   CHECK(r["tokens"]["recomputed"] == expected.recomputed_tokens);
+  CHECK(r["tokens"]["exact"] == expected.exact_tokens);
   const json plain =
       post_json(s, "/v1/prompt", {{"prompt", docs_prompt(3)}, {"max_new_tokens", 8}});
   CHECK(plain["tokens"]["recomputed"] == 0);

@@ -30,6 +30,10 @@ struct AssembledPrompt {
   int64_t in_place_tokens = 0;
   int64_t kv_bytes = 0;       // bytes copied
   int64_t max_position = -1;  // the largest position id the prompt uses (cached or fresh)
+  // The prompt's first baseline tokens whose stored states are the no-cache prefill's
+  // (exact_prefix_tokens in cache/compiler.hpp): recompute never chooses their slots. Set by
+  // the engine, which knows the encoding mode; 0 (nothing assumed exact) otherwise.
+  int64_t exact_tokens = 0;
   double ms = 0;
 };
 

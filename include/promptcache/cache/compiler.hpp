@@ -17,6 +17,7 @@
 #include "promptcache/cache/store.hpp"
 #include "promptcache/model/llama.hpp"
 #include "promptcache/pml/layout.hpp"
+#include "promptcache/pml/prompt.hpp"
 
 namespace promptcache {
 
@@ -69,6 +70,20 @@ std::vector<EncodingPass> encoding_passes(const pml::Layout& layout, EncodingMod
 // The spans a stored span attended to when it was encoded (those before it in its pass).
 std::vector<std::size_t> encoding_context(const pml::Layout& layout, std::size_t span,
                                           EncodingMode mode);
+
+// How many of the prompt's first baseline tokens have stored states equal to what its no-cache
+// prefill computes (within float rounding, as DESIGN.md contract 2): the longest run of its
+// selected spans, from position 0 without a gap, each stored (cacheable, not a parameter slot)
+// and encoded with exactly the spans before it in that run as its context. A prefix prompt's
+// whole cached part; 0 when the first span is not such a one. Recompute never needs to touch
+// these tokens (recompute.hpp).
+std::size_t exact_prefix_tokens(const pml::Layout& layout, const pml::ResolvedPrompt& prompt,
+                                EncodingMode mode);
+
+// Whether the prompt's text follows its exact leading run directly, which holds every token
+// before it: a prefix prompt, whose cached answer is the no-cache one without any recompute.
+bool exact_without_recompute(const pml::Layout& layout, const pml::ResolvedPrompt& prompt,
+                             EncodingMode mode);
 
 // Compiles one stored span alone: its encoding context and itself, run causally (in chunks of
 // `chunk_tokens`), its states kept (a span evicted from every tier, see span_store.hpp). The same
