@@ -11,6 +11,7 @@
 
 #include "bench_common.hpp"
 #include "promptcache/engine.hpp"
+#include "promptcache/model/blas_core.hpp"
 #include "promptcache/model/synthetic.hpp"
 #include "promptcache/model/threads.hpp"
 #include "promptcache/model/tokenizer.hpp"
@@ -103,7 +104,10 @@ inline nlohmann::json run_facts(const Engine& engine, const std::string& device,
           {"weight_bytes", engine.model().weight_bytes()},
           {"kv_dtype", dtype_name(engine.model().kv_dtype())},
           {"threads", threads.blas_threads},
-          {"torch_threads", threads.torch_threads}};
+          {"torch_threads", threads.torch_threads},
+          // OpenBLAS's kernels (the long GEMMs: uncached prefills), and OpenBLAS's own choice.
+          {"blas_core", select_blas_core().core},
+          {"blas_core_detected", select_blas_core().detected}};
 }
 
 }  // namespace promptcache::bench

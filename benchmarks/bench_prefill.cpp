@@ -54,6 +54,7 @@
 #include "bench_ggml.hpp"
 #include "bench_kernels.hpp"
 #include "promptcache/generation.hpp"
+#include "promptcache/model/blas_core.hpp"
 #include "promptcache/model/gguf_config.hpp"
 #include "promptcache/model/llama.hpp"
 #include "promptcache/model/synthetic.hpp"
@@ -515,6 +516,8 @@ int main(int argc, char** argv) {
         j["threads"] = applied.openblas ? applied.blas_threads : applied.torch_threads;
         j["torch_threads"] = applied.torch_threads;
         j["openblas"] = applied.openblas;
+        j["blas_core"] = pc::select_blas_core().core;  // OpenBLAS's kernels (the long GEMMs)
+        j["blas_core_detected"] = pc::select_blas_core().detected;
         j["statistic"] = "best_of_" + std::to_string(args.repeats);
         j["prefill_ms_median"] = pc::bench::median_time(prefill_ms);
         std::cout << j.dump() << std::endl;

@@ -32,6 +32,7 @@
 #include "promptcache/error.hpp"
 #include "promptcache/eval.hpp"
 #include "promptcache/generation.hpp"
+#include "promptcache/model/blas_core.hpp"
 #include "promptcache/model/threads.hpp"
 #include "promptcache/pml/prompt.hpp"
 #include "promptcache/pml/schema.hpp"
@@ -527,6 +528,13 @@ PYBIND11_MODULE(_promptcache, m) {
   m.doc() = "promptcache's C++ engine (use the promptcache package, which re-exports it)";
   g_main_thread =
       py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
+  // OpenBLAS's kernels for this processor (blas_core.hpp), chosen while no other thread can be
+  // inside a GEMM: with other Python threads running, OpenBLAS's own choice is kept.
+  if (py::module_::import("threading").attr("active_count")().cast<int>() == 1) {
+    select_blas_core();
+  } else {
+    select_blas_core(false, "kept: promptcache was imported while other threads ran");
+  }
 
   g_error = make_exception(
       "promptcache.Error",

@@ -8,6 +8,7 @@
 #include <iostream>
 #include <limits>
 
+#include "promptcache/model/blas_core.hpp"
 #include "promptcache/model/threads.hpp"
 
 namespace promptcache::cli {
@@ -98,8 +99,11 @@ void require_model(const ModelOptions& o) {
 
 std::string apply_threads(const ModelOptions& o) {
   const auto t = configure_threads(o.threads);
+  const BlasCore& core = select_blas_core();
   return fmt::format("threads: torch {} / blas {}{}", t.torch_threads, t.blas_threads,
-                     t.openblas ? " (OpenBLAS)" : "");
+                     t.openblas ? fmt::format(" (OpenBLAS, {} kernels{})", core.core,
+                                              core.switched ? ", not " + core.detected : "")
+                                : "");
 }
 
 Command register_absent(CLI::App& root, const std::string& name) {

@@ -9,6 +9,7 @@
 
 #include "cli_common.hpp"
 #include "engine_setup.hpp"
+#include "promptcache/model/blas_core.hpp"
 #include "promptcache/model/gguf.hpp"
 #include "promptcache/model/llama.hpp"
 
@@ -76,7 +77,10 @@ Command register_info(CLI::App& root) {
                                 {"tokenizer", engine->tokenizer().kind()},
                                 {"tokenizer_vocab", engine->tokenizer().vocab_size()},
                                 {"chat_template", engine->chat_template().family},
-                                {"chat_template_origin", engine->chat_template_origin()}};
+                                {"chat_template_origin", engine->chat_template_origin()},
+                                {"blas_core", select_blas_core().core},
+                                {"blas_core_detected", select_blas_core().detected},
+                                {"blas_core_note", select_blas_core().note}};
             j.update(dtype_json(m));
             if (o->json) {
               std::cout << j.dump() << "\n";
@@ -94,7 +98,8 @@ Command register_info(CLI::App& root) {
                 "weight bytes   {:.1f} MB resident ({:.2f}x the checkpoint's files)\n"
                 "device         {}, attention {}\n"
                 "tokenizer      {}, {} tokens\n"
-                "chat template  {}, from {}\n",
+                "chat template  {}, from {}\n"
+                "BLAS kernels   {}{}\n",
                 o->model.model_dir, c.architecture, c.model_type, c.num_hidden_layers,
                 c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
                 c.intermediate_size, c.vocab_size, c.max_position_embeddings,
@@ -108,7 +113,9 @@ Command register_info(CLI::App& root) {
                 file_bytes > 0 ? static_cast<double>(m.weight_bytes()) / file_bytes : 0.0,
                 m.device().str(), m.attention_name(), engine->tokenizer().kind(),
                 engine->tokenizer().vocab_size(), engine->chat_template().family,
-                engine->chat_template_origin());
+                engine->chat_template_origin(),
+                select_blas_core().core.empty() ? "none found" : select_blas_core().core,
+                select_blas_core().note.empty() ? "" : ": " + select_blas_core().note);
             return 0;
           }};
 }

@@ -1,9 +1,5 @@
 #include "promptcache/model/cpu_linear.hpp"
 
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
-
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -12,6 +8,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu_features.hpp"
 #include "kernels/kernels.hpp"
 #include "promptcache/error.hpp"
 #include "promptcache/model/ggml_quant.hpp"
@@ -24,34 +21,6 @@ namespace promptcache {
 static_assert(kCpuLinearQ8IntegerRows == kernels::kQ8DotMaxRows);
 namespace {
 
-#if defined(__x86_64__)
-// F16C from CPUID (leaf 1, ECX bit 29): clang 14 does not know __builtin_cpu_supports("f16c").
-// The AVX state it needs is enabled wherever the AVX2 or AVX-512 check below passes.
-bool cpu_has_f16c() {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
-}
-
-// AVX512_BF16 (vdpbf16ps, vcvtne2ps2bf16): CPUID leaf 7 subleaf 1, EAX bit 5, with AVX-512
-// F/BW/VL (leaf 7 subleaf 0, EBX bits 16, 30, 31), and the OS saving the opmask and zmm state
-// (OSXSAVE, then XCR0 bits 1, 2, 5, 6, 7). Read directly: __builtin_cpu_supports("avx512bf16")
-// is missing from older compilers.
-bool cpu_has_avx512_bf16() {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0 || (ecx & bit_OSXSAVE) == 0) return false;
-  unsigned xcr0_low = 0, xcr0_high = 0;
-  __asm__ volatile("xgetbv" : "=a"(xcr0_low), "=d"(xcr0_high) : "c"(0));
-  constexpr unsigned kZmmState = 0xe6;  // SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM
-  if ((xcr0_low & kZmmState) != kZmmState) return false;
-  if (__get_cpuid_max(0, nullptr) < 7) return false;
-  __cpuid_count(7, 0, eax, ebx, ecx, edx);
-  constexpr unsigned kF = 1u << 16, kBw = 1u << 30, kVl = 1u << 31;
-  if ((ebx & (kF | kBw | kVl)) != (kF | kBw | kVl)) return false;
-  __cpuid_count(7, 1, eax, ebx, ecx, edx);
-  return (eax & (1u << 5)) != 0;
-}
-#endif
-
 bool cpu_has(CpuLinearKernel kernel) {
 #if defined(__x86_64__)
   switch (kernel) {
@@ -59,14 +28,14 @@ bool cpu_has(CpuLinearKernel kernel) {
       return true;
     case CpuLinearKernel::kAvx2:
       return kernels::linear_rows_avx2 != nullptr && __builtin_cpu_supports("avx2") &&
-             __builtin_cpu_supports("fma") && cpu_has_f16c();
+             __builtin_cpu_supports("fma") && cpu::has_f16c();
     case CpuLinearKernel::kAvx512:
       return kernels::linear_rows_avx512 != nullptr && __builtin_cpu_supports("avx512f") &&
-             __builtin_cpu_supports("fma") && cpu_has_f16c();
+             __builtin_cpu_supports("fma") && cpu::has_f16c();
     case CpuLinearKernel::kAvx512Bf16:
       return cpu_has(CpuLinearKernel::kAvx512) &&
              kernels::linear_rows_bf16_dot_avx512bf16 != nullptr &&
-             kernels::round_bf16_avx512bf16 != nullptr && cpu_has_avx512_bf16();
+             kernels::round_bf16_avx512bf16 != nullptr && cpu::has_avx512_bf16();
   }
   return false;
 #else

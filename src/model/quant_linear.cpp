@@ -4,14 +4,11 @@
 // weight rows over the kernel threads.
 #include "promptcache/model/quant_linear.hpp"
 
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
-
 #include <algorithm>
 #include <iterator>
 #include <vector>
 
+#include "cpu_features.hpp"
 #include "kernels/quant_blocks.hpp"
 #include "promptcache/error.hpp"
 #include "promptcache/model/cpu_linear.hpp"
@@ -101,14 +98,6 @@ void split_rows(int64_t n, const Rows& rows) {
   });
 }
 
-#if defined(__x86_64__)
-// F16C from CPUID (leaf 1, ECX bit 29): the kernels convert the blocks' f16 scales with it.
-bool cpu_has_f16c() {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
-}
-#endif
-
 // Dequantized weight rows per GEMM block: a bounded scratch (16 MB) even for an lm_head.
 constexpr int64_t kDequantBlockFloats = int64_t{4} << 20;
 
@@ -118,7 +107,7 @@ bool detect_quant_kernel(QuantKernel kernel) {
       return true;
     case QuantKernel::kAvx2:
 #if defined(__x86_64__)
-      return kq::quant_rows_avx2[0] != nullptr && __builtin_cpu_supports("avx2") && cpu_has_f16c();
+      return kq::quant_rows_avx2[0] != nullptr && __builtin_cpu_supports("avx2") && cpu::has_f16c();
 #else
       return false;
 #endif
@@ -126,7 +115,7 @@ bool detect_quant_kernel(QuantKernel kernel) {
 #if defined(__x86_64__)
       return kq::quant_rows_avx512vnni[0] != nullptr && __builtin_cpu_supports("avx512f") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-             __builtin_cpu_supports("avx512vnni") && cpu_has_f16c();
+             __builtin_cpu_supports("avx512vnni") && cpu::has_f16c();
 #else
       return false;
 #endif

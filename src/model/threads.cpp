@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <atomic>
 
+#include "promptcache/model/blas_core.hpp"
+
 namespace promptcache {
 
 int hardware_cores() {
@@ -57,6 +59,7 @@ void set_blas_threads(int threads) {
 }
 
 ThreadSettings configure_threads(int threads, int torch_threads) {
+  select_blas_core();  // before the first GEMM: OpenBLAS's kernels for this processor
   ThreadSettings applied;
   const int total = threads > 0 ? threads : hardware_cores();
   const SetThreads set_blas = openblas_setter();

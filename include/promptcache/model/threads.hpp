@@ -13,7 +13,9 @@ struct ThreadSettings {
 };
 
 // threads = total CPU threads to use (0 = all hardware cores); torch_threads overrides the
-// intra-op pool (0 = the measured default). Returns what was applied.
+// intra-op pool (0 = the measured default). Returns what was applied. The first call also
+// chooses OpenBLAS's kernels for this processor (select_blas_core, blas_core.hpp), so call it
+// before any GEMM runs on another thread.
 ThreadSettings configure_threads(int threads = 0, int torch_threads = 0);
 int hardware_cores();
 
