@@ -24,11 +24,12 @@
 //    (not run by default).
 //  * speed (a synthetic --shape model, default bench-small): a --schema-token (default 2048)
 //    document schema of 128-token modules, a prompt selecting all but its second module (--layout
-//    gap, the default) or all of them (--layout prefix: exact without recompute, so a share r
-//    finds nothing to recompute), then --fresh (default 16) fresh tokens. Cached TTFT at every r
-//    and criterion against the no-cache TTFT, all measured in this run, best of --repeats (default
-//    3), repeats interleaved; then --repeats more runs of each through recompute_prefill for its
-//    phases (RecomputeReport, each phase's fastest).
+//    gap, the default), all but its middle one (--layout late-gap: the first half is an exact
+//    run, which recompute leaves alone) or all of them (--layout prefix: exact without
+//    recompute, so a share r finds nothing to recompute), then --fresh (default 16) fresh tokens.
+//    Cached TTFT at every r and criterion against the no-cache TTFT, all measured in this run, best
+//    of --repeats (default 3), repeats interleaved; then --repeats more runs of each through
+//    recompute_prefill for its phases (RecomputeReport, each phase's fastest).
 //
 //   build/benchmarks/bench_fidelity [--part fidelity,speed,floor] [--recompute
 //   0,0.05,0.1,0.2,0.3,0.5,1]
@@ -292,10 +293,12 @@ void speed_part(const bench::Flags& flags, const std::vector<double>& fractions,
   const int select_layer = flags.integer("select-layer", 1);
   const int first_k = flags.integer("first-k", 8);
   const std::string layout = flags.text("layout", "gap");
-  if (layout != "gap" && layout != "prefix") {
-    std::cerr << "bench_fidelity: unknown --layout " << layout << " (gap, prefix)\n";
+  if (layout != "gap" && layout != "late-gap" && layout != "prefix") {
+    std::cerr << "bench_fidelity: unknown --layout " << layout << " (gap, late-gap, prefix)\n";
     std::exit(2);
   }
+  const int module_count = (schema_tokens - 1 + 127) / 128;
+  const int left_out = layout == "prefix" ? -1 : layout == "gap" ? 1 : module_count / 2;
   std::ostringstream xml, refs;
   xml << "<schema name=\"docs\">";
   std::size_t from = 0;
@@ -304,7 +307,7 @@ void speed_part(const bench::Flags& flags, const std::vector<double>& fractions,
     const int n = std::min(128, remaining);
     xml << "<module name=\"d" << modules << "\">"
         << bench::text_of_tokens(engine.tokenizer(), words, from, n) << "</module>";
-    if (modules != 1 || layout == "prefix") refs << "<d" << modules << "/>";  // gap: d1 left out
+    if (modules != left_out) refs << "<d" << modules << "/>";
     remaining -= n;
     ++modules;
   }

@@ -9,7 +9,8 @@
 //      values do not depend on the position), so the gaps between selected modules close;
 //   2. r x (cached tokens) slots are chosen by a criterion (RecomputeCriterion), never among the
 //      prompt's exact leading run (AssembledPrompt::exact_tokens: its states are the no-cache
-//      ones already); a prefix prompt, all of whose cached slots are in it, recomputes nothing;
+//      ones already, and a selection pass starts after it); a prefix prompt, all of whose cached
+//      slots are in it, recomputes nothing;
 //   3. those tokens and the fresh tokens run through the model together, each attending causally
 //      by position to every earlier token: stored states for the slots not chosen, recomputed
 //      ones for the chosen; every chosen slot's K/V in the request's buffer is overwritten.

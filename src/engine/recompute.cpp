@@ -114,7 +114,9 @@ void move_to_baseline(const LlamaModel& model, KVCache& cache, const std::vector
 // would feed nothing the choice needs). Per cached slot, the squared distance between its K/V on
 // select_layer and the stored ones ranks it. The pass's K/V of layers [0, select_layer] are
 // exact for every token, and its hidden states (entering select_layer) let the chosen tokens
-// start there.
+// start there. The prompt's exact leading run (its first `exact` tokens, held by the first
+// cached slots at their own positions) does not run: its stored K/V are the pass's already, and
+// its hidden states are never read (its slots are never chosen; they stay zero).
 struct DeviationPass {
   KVCache scratch;            // layers [0, kv_layers) of every baseline token, at positions 0..n-1
   torch::Tensor hidden;       // [1, n, hidden]: every token's hidden state entering layer `layers`
@@ -124,26 +126,45 @@ struct DeviationPass {
 };
 
 DeviationPass deviation_pass(const LlamaModel& model, const pml::ResolvedPrompt& resolved,
-                             const BaselineMap& map, const KVCache& cache, int64_t select_layer) {
+                             const BaselineMap& map, const KVCache& cache, int64_t select_layer,
+                             int64_t exact) {
   const auto n = static_cast<int64_t>(resolved.baseline.size());
   const int64_t layer = std::clamp<int64_t>(select_layer, 0, model.config().num_hidden_layers - 1);
   DeviationPass pass;
-  pass.scratch = model.make_cache(n);
-  std::vector<int64_t> ids(resolved.baseline.begin(), resolved.baseline.end());
-  auto tokens = torch::tensor(ids, torch::kInt64).unsqueeze(0);
-  auto positions = torch::arange(n, torch::kInt64).unsqueeze(0);
   // Layer 0 reads the embeddings, so at select_layer 0 one whole layer runs (the chosen tokens
   // then start after it); otherwise the layers before select_layer, then its K/V alone.
   pass.layers = std::max<int64_t>(layer, 1);
+  pass.kv_layers = layer + 1;
+  pass.scratch = model.make_cache(n);
+  // The exact run's K/V of the pass's layers, from the cache (slot s holds position s there).
+  const int64_t skip = std::clamp<int64_t>(exact, 0, n - 1);
+  if (skip > 0) {
+    for (int64_t l = 0; l < pass.kv_layers; ++l) {
+      pass.scratch.key_slots(l, 0, skip).copy_(cache.key_slots(l, 0, skip));
+      pass.scratch.value_slots(l, 0, skip).copy_(cache.value_slots(l, 0, skip));
+    }
+    std::vector<int64_t> prefix(static_cast<std::size_t>(skip));
+    std::iota(prefix.begin(), prefix.end(), int64_t{0});
+    pass.scratch.fill_external(skip, prefix);
+  }
+  const int64_t rest = n - skip;
+  std::vector<int64_t> ids(resolved.baseline.begin() + skip, resolved.baseline.end());
+  auto tokens = torch::tensor(ids, torch::kInt64).unsqueeze(0);
+  auto positions = torch::arange(skip, n, torch::kInt64).unsqueeze(0);
   ForwardOptions options;
   options.layers = pass.layers;
-  pass.hidden = model.forward(tokens, positions, pass.scratch, options);
+  auto hidden = model.forward(tokens, positions, pass.scratch, options);
   if (layer > 0) {
-    auto [keys, values] = model.layer_key_values(layer, pass.hidden, positions);
-    pass.scratch.key_slots(layer, 0, n).copy_(keys);
-    pass.scratch.value_slots(layer, 0, n).copy_(values);
+    auto [keys, values] = model.layer_key_values(layer, hidden, positions);
+    pass.scratch.key_slots(layer, skip, rest).copy_(keys);
+    pass.scratch.value_slots(layer, skip, rest).copy_(values);
   }
-  pass.kv_layers = layer + 1;
+  if (skip > 0) {
+    pass.hidden = torch::zeros({1, n, hidden.size(2)}, hidden.options());
+    pass.hidden.narrow(1, skip, rest).copy_(hidden);
+  } else {
+    pass.hidden = hidden;
+  }
   const auto cached = static_cast<int64_t>(map.cached_position.size());
   auto index = torch::tensor(map.cached_position, torch::kInt64).to(model.device());
   auto diff = [&](const torch::Tensor& full, const torch::Tensor& stored) {
@@ -464,7 +485,8 @@ std::vector<int64_t> choose_by_impact_from_pass(
     const LlamaModel& model, const pml::ResolvedPrompt& resolved, const BaselineMap& map,
     const AssembledPrompt& assembled, KVCache& cache, const SlotGroups& groups,
     const RecomputeOptions& options, DeviationPass* pass) {
-  DeviationPass local = deviation_pass(model, resolved, map, cache, options.select_layer);
+  DeviationPass local =
+      deviation_pass(model, resolved, map, cache, options.select_layer, assembled.exact_tokens);
   const auto mass =
       options.criterion == RecomputeCriterion::kImpactLookahead
           ? probe_lookahead(model, map, assembled, cache, local, kImpactLookaheadTokens)
@@ -523,7 +545,8 @@ std::vector<int64_t> choose(const LlamaModel& model, const pml::ResolvedPrompt& 
       return choose_by_impact_from_pass(model, resolved, map, assembled, cache, groups, options,
                                         pass);
   }
-  DeviationPass local = deviation_pass(model, resolved, map, cache, options.select_layer);
+  DeviationPass local =
+      deviation_pass(model, resolved, map, cache, options.select_layer, assembled.exact_tokens);
   if (options.criterion == RecomputeCriterion::kImpact ||
       options.criterion == RecomputeCriterion::kFirstKImpact) {
     // Weighted by the attention the fresh tokens pay on the layers the pass leaves stale.
