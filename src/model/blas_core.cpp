@@ -92,7 +92,7 @@ BlasCore decide(bool may_switch, const std::string& why_not) {
     out.note = "OpenBLAS chose generic " + out.detected + " kernels for this processor; " +
                "switched to " + out.core + " by its features (set OPENBLAS_CORETYPE to choose)";
   } else {
-    // Not narrower than before, whatever happened: back to OpenBLAS's own choice.
+    // Not wider than before, whatever happened: back to OpenBLAS's own choice.
     quit();
     init();
     out.core = corename();
